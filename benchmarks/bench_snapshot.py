@@ -1,0 +1,147 @@
+"""Cost of one reading: vramlab against the raw reads underneath and against psutil.
+
+    python benchmarks/bench_snapshot.py [--rounds N]
+
+Every contender runs interleaved in the same process, round after round, so machine
+noise hits all of them alike; the table gives medians and the ratio to the floor.
+
+- floor: the raw reads of /proc/self/status and /proc/meminfo (no parsing);
+- vramlab read_host(): the host probe (RSS, peak, RAM, swap, cgroup limit);
+- vramlab snapshot(): the whole reconciled snapshot (host-only on a machine without GPU);
+- psutil: memory_info() + virtual_memory() + swap_memory(), the same readings.
+
+On a GPU machine it also times vramlab's NVML and torch parts against the same raw calls
+made directly. Last, it times ``%load_ext vramlab`` in fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+
+def floor() -> None:
+    with open("/proc/self/status", "rb") as f:
+        f.read()
+    with open("/proc/meminfo", "rb") as f:
+        f.read()
+
+
+def psutil_equivalent() -> None:
+    import psutil
+
+    _P.memory_info()
+    psutil.virtual_memory()
+    psutil.swap_memory()
+
+
+def bench(fns: dict[str, Callable[[], object]], rounds: int, inner: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            for _ in range(inner):
+                fn()
+            samples[name].append((time.perf_counter_ns() - t0) / inner / 1000)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def load_ext_ms(runs: int) -> list[float]:
+    code = ("import time\n"
+            "from IPython.testing.globalipapp import start_ipython\n"
+            "ip = start_ipython()\n"
+            "t0 = time.perf_counter()\n"
+            "ip.run_line_magic('load_ext', 'vramlab')\n"
+            "t1 = time.perf_counter()\n"
+            "import sys; print((t1 - t0) * 1000, 'torch' in sys.modules)\n")
+    out = []
+    for _ in range(runs):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        ms, torch_loaded = r.stdout.split()
+        assert torch_loaded == "False"
+        out.append(float(ms))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--inner", type=int, default=20)
+    args = ap.parse_args()
+
+    import psutil
+
+    global _P
+    _P = psutil.Process()
+    import vramlab
+    from vramlab.probes.host import read_host
+    from vramlab.probes.nvml import read_nvml
+
+    fns: dict[str, Callable[[], object]] = {
+        "floor (/proc reads)": floor,
+        "vramlab read_host()": read_host,
+        "vramlab snapshot()": vramlab.snapshot,
+        "psutil equivalent": psutil_equivalent,
+    }
+    for fn in fns.values():  # warm up (NVML lookup, cgroup resolution)
+        fn()
+    res = bench(fns, args.rounds, args.inner)
+    f = res["floor (/proc reads)"]
+    devices = [d.id for d in vramlab.snapshot().devices]
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, devices: {devices or 'none'}")
+    print(f"medians of {args.rounds} rounds x {args.inner} calls, interleaved\n")
+    print(f"{'reading':<26}{'median us':>11}{'x floor':>9}")
+    for k, v in res.items():
+        print(f"{k:<26}{v:>11.1f}{v / f:>9.2f}")
+
+    nv = read_nvml()
+    if nv.devices:
+        import pynvml
+
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+        def raw_nvml() -> None:
+            for h in handles:
+                pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+                pynvml.nvmlDeviceGetUtilizationRates(h)
+                pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)
+
+        gpu = {"raw NVML calls": raw_nvml, "vramlab read_nvml()": read_nvml}
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.empty(1, device="cuda")
+                from vramlab.probes.torch_ import read_torch
+
+                def raw_torch() -> None:
+                    for i in range(torch.cuda.device_count()):
+                        torch.cuda.memory_stats(i)
+                        torch.cuda.mem_get_info(i)
+
+                gpu.update({"raw torch.cuda calls": raw_torch, "vramlab read_torch()": read_torch})
+        except Exception as e:
+            print(f"torch part skipped: {e}")
+        res = bench(gpu, max(args.rounds // 4, 10), args.inner)
+        print(f"\n{'GPU part':<26}{'median us':>11}{'x raw':>9}")
+        keys = list(res)
+        for i in range(0, len(keys), 2):
+            raw, ours = keys[i], keys[i + 1]
+            print(f"{raw:<26}{res[raw]:>11.1f}{1.0:>9.2f}")
+            print(f"{ours:<26}{res[ours]:>11.1f}{res[ours] / res[raw]:>9.2f}")
+    else:
+        print(f"\nGPU part: not run ({nv.reason})")
+
+    ms = load_ext_ms(7)
+    print(f"\n%load_ext vramlab in a fresh interpreter: median {statistics.median(ms):.1f} ms "
+          f"(min {min(ms):.1f}, max {max(ms):.1f}, 7 runs; torch not imported)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramlab.probes import host
+from vramlab.probes.host import find_cgroup_limit, parse_cgroup_limit, read_host, read_uss, reset_peak_rss
+
+FIX = Path(__file__).parent / "fixtures" / "cgroup"
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+
+def _kb(path, key):
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _close(a, b, rel=0.01):
+    return abs(a - b) <= rel * max(abs(b), 1)
+
+
+@linux
+def test_system_figures_agree_with_proc_meminfo():
+    r = read_host()
+    assert r.total == _kb("/proc/meminfo", "MemTotal")
+    assert _close(r.used, r.total - _kb("/proc/meminfo", "MemAvailable"))
+    assert _close(r.swap_total, _kb("/proc/meminfo", "SwapTotal"))
+    assert r.swap_used == r.swap_total - _kb("/proc/meminfo", "SwapFree") or _close(
+        r.swap_used, r.swap_total - _kb("/proc/meminfo", "SwapFree"))
+    if r.limit_source == "physical RAM":
+        assert _close(r.available, _kb("/proc/meminfo", "MemAvailable"))
+
+
+@linux
+def test_process_figures_agree_with_proc_self_status():
+    r = read_host()
+    assert _close(r.process_rss, _kb("/proc/self/status", "VmRSS"))
+    assert r.peak_exact
+    assert _close(r.process_peak, _kb("/proc/self/status", "VmHWM"))
+    assert r.process_peak >= r.process_rss * 0.99
+
+
+@linux
+def test_swap_counters_agree_with_vmstat():
+    r = read_host()
+    vm = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert r.swap_in == int(vm["pswpin"]) * page
+    assert r.swap_out == int(vm["pswpout"]) * page
+
+
+def test_agrees_with_psutil():
+    import psutil
+
+    r = read_host()
+    vm = psutil.virtual_memory()
+    assert r.total == vm.total
+    assert _close(r.process_rss, psutil.Process().memory_info().rss, rel=0.05)
+
+
+@linux
+def test_uss_is_private_pages():
+    import psutil
+
+    uss = read_uss()
+    assert uss is not None
+    assert _close(uss, psutil.Process().memory_full_info().uss, rel=0.05)
+    assert read_host(uss=True).process_uss is not None
+    assert read_host().process_uss is None
+
+
+@linux
+def test_peak_rises_and_resets():
+    import numpy as np
+
+    if not reset_peak_rss():
+        pytest.skip("clear_refs not writable here")
+    start = read_host()
+    block = np.ones(200 * 2**20 // 8)  # 200 MiB, touched
+    del block
+    high = read_host()
+    assert high.process_peak - start.process_rss >= 190 * 2**20
+    assert reset_peak_rss()
+    after = read_host()
+    assert after.process_peak < high.process_peak - 150 * 2**20
+    assert after.process_peak >= after.process_rss
+
+
+# ---------------------------------------------------------------- cgroup parser on copies of real files
+
+
+def _fixture_reader(case):
+    root = FIX / case / "fs"
+
+    def read(path):
+        p = root / path.lstrip("/")
+        return p.read_text() if p.is_file() else None
+
+    def exists(path):
+        return (root / path.lstrip("/")).is_dir()
+
+    cg = (FIX / case / "proc_self_cgroup").read_text()
+    mi = (FIX / case / "proc_self_mountinfo").read_text()
+    return cg, mi, read, exists
+
+
+def test_parse_limit_values():
+    assert parse_cgroup_limit("max\n", 2) is None
+    assert parse_cgroup_limit("2147483648\n", 2) == 2147483648
+    assert parse_cgroup_limit("9223372036854771712\n", 1) is None  # v1 "unlimited"
+    assert parse_cgroup_limit("1610612736\n", 1) == 1610612736
+    with pytest.raises(ValueError):
+        parse_cgroup_limit("lots\n", 2)
+
+
+def test_v1_copy_without_limit():
+    lim = find_cgroup_limit(*_fixture_reader("v1_container"))
+    assert lim is not None and lim.version == 1
+    assert lim.limit is None  # 9223372036854771712 everywhere
+    assert lim.usage and lim.usage > 0
+
+
+def test_v1_copy_with_limit_in_child_cgroup():
+    lim = find_cgroup_limit(*_fixture_reader("v1_limited"))
+    assert lim.version == 1
+    assert lim.limit == 1610612736
+    assert "memory.limit_in_bytes" in lim.source and lim.source.endswith("vramlab_fixture)")
+
+
+def test_v2_container_namespace_root():
+    lim = find_cgroup_limit(*_fixture_reader("v2_container"))
+    assert lim.version == 2
+    assert lim.limit == 2147483648
+    assert lim.usage == 734003200
+    assert lim.source == "cgroup v2 memory.max (/)"
+
+
+def test_v2_nested_limit_comes_from_ancestor_and_max_means_none():
+    lim = find_cgroup_limit(*_fixture_reader("v2_nested"))
+    assert lim.limit == 8589934592
+    assert lim.source == "cgroup v2 memory.max (/user.slice/user-1000.slice)"
+    assert lim.usage == 52428800  # the leaf's own charge
+
+
+def test_no_memory_controller_gives_none():
+    cg = "0::/\n"
+    mi = "31 26 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    assert find_cgroup_limit(cg, mi, read=lambda p: None, exists=lambda p: True) is None
+
+
+def _cgroup_v1_writable():
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, ctl, path = line.split(":", 2)
+        if "memory" in ctl.split(","):
+            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if d.is_dir() and os.access(d, os.W_OK):
+                return d
+    return None
+
+
+@pytest.mark.skipif(_cgroup_v1_writable() is None, reason="needs root and a writable cgroup v1 memory hierarchy")
+def test_real_cgroup_limit_is_the_effective_limit(tmp_path):
+    parent = _cgroup_v1_writable()
+    child = parent / f"vramlab_test_{os.getpid()}"
+    child.mkdir()
+    try:
+        (child / "memory.limit_in_bytes").write_text("1610612736")
+        code = ("from vramlab.probes.host import read_host; r = read_host(); "
+                "print(r.limit, r.limit_source, r.cgroup_usage, r.available)")
+        out = subprocess.run(
+            ["sh", "-c", f'echo $$ > "{child}/cgroup.procs" && exec "{sys.executable}" -c "{code}"'],
+            capture_output=True, text=True, timeout=60, check=True).stdout.split()
+        limit, usage, available = int(out[0]), int(out[-2]), int(out[-1])
+        assert limit == 1610612736
+        assert "cgroup v1 memory.limit_in_bytes" in " ".join(out)
+        assert 0 < usage < limit
+        assert available <= limit - usage
+    finally:
+        for _ in range(50):
+            try:
+                child.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+
+
+def test_falls_back_to_psutil(monkeypatch):
+    monkeypatch.setattr(host, "_LINUX", False)
+    r = read_host()
+    assert r.total > 0 and r.process_rss > 0
+    assert r.limit_source == "physical RAM"
+    assert not r.peak_exact
+    assert not reset_peak_rss()

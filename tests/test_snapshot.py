@@ -1,0 +1,124 @@
+import json
+import sys
+
+from hypothesis import given, strategies as st
+
+import vramlab
+from vramlab.probes.host import HostReading
+from vramlab._snapshot import device_layers, host_layers, snapshot
+
+REQUIRED_HOST = {"total", "available", "limit", "limit_source", "process_rss", "process_peak", "swap_total", "swap_used"}
+REQUIRED_DEV = {"id", "kind", "name", "total", "free", "used", "process_used", "torch_allocated", "torch_reserved",
+                "torch_peak_allocated"}
+
+
+def test_snapshot_is_frozen_and_json_safe():
+    s = vramlab.snapshot()
+    d = s.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert {"time", "host", "devices", "notes"} <= set(d)
+    assert REQUIRED_HOST <= set(d["host"])
+    for dev in d["devices"]:
+        assert REQUIRED_DEV <= set(dev)
+    try:
+        s.time = 0
+    except Exception as e:
+        assert type(e).__name__ == "FrozenInstanceError"
+    else:
+        raise AssertionError("Snapshot must be frozen")
+
+
+def test_no_gpu_is_explained_in_notes():
+    s = snapshot()
+    if not any(d.id.startswith("cuda") for d in s.devices):
+        assert any("NVML" in n for n in s.notes)
+
+
+def test_host_layers_sum_to_limit():
+    s = snapshot()
+    assert sum(n for _, n in s.host.layers) == s.host.limit
+    assert s.host.layer("process") == min(s.host.process_rss, s.host.limit)
+
+
+def test_repr_is_short_and_stable():
+    assert repr(snapshot()) == repr(snapshot())
+    assert len(repr(snapshot())) < 120
+
+
+def test_device_layers_example():
+    GiB = 1 << 30
+    layers = dict(device_layers(80 * GiB, 20 * GiB, driver_reserved=GiB // 2, process_used=12 * GiB,
+                                torch_reserved=10 * GiB, torch_allocated=7 * GiB))
+    assert layers == {"tensors": 7 * GiB, "torch_cache": 3 * GiB, "context": 2 * GiB, "other_processes": 8 * GiB,
+                      "driver_reserved": GiB // 2, "free": 80 * GiB - 20 * GiB - GiB // 2}
+
+
+def test_device_layers_unknown_process_goes_to_unattributed():
+    layers = dict(device_layers(100, 60, process_used=None, torch_reserved=30, torch_allocated=10))
+    assert layers["unattributed"] == 30 and "context" not in layers
+    assert sum(layers.values()) == 100
+
+
+sizes = st.integers(min_value=0, max_value=2**40)
+
+
+@given(total=sizes, used=sizes, rd=st.one_of(st.none(), sizes), p=st.one_of(st.none(), sizes), r=sizes, a=sizes)
+def test_device_layers_always_sum_to_total(total, used, rd, p, r, a):
+    layers = device_layers(total, used, driver_reserved=rd, process_used=p, torch_reserved=r, torch_allocated=a)
+    assert sum(n for _, n in layers) == total
+    assert all(n >= 0 for _, n in layers)
+
+
+@given(total=st.integers(1, 2**40), avail=sizes, rss=sizes, limit=st.integers(1, 2**40), usage=st.one_of(st.none(), sizes))
+def test_host_layers_always_sum_to_limit(total, avail, rss, limit, usage):
+    h = HostReading(time=0.0, total=total, available=avail, used=max(total - avail, 0), limit=limit, limit_source="x",
+                    cgroup_usage=usage, process_rss=rss, process_peak=rss, process_uss=None, swap_total=0, swap_used=0,
+                    swap_in=0, swap_out=0, peak_exact=True)
+    layers = host_layers(h)
+    assert sum(n for _, n in layers) == limit
+    assert all(n >= 0 for _, n in layers)
+
+
+def test_nvml_devices_become_cuda_devices_in_visible_order(monkeypatch):
+    """With a substituted binding: NVML devices are mapped through CUDA_VISIBLE_DEVICES."""
+    from test_nvml import fake_pynvml
+
+    from vramlab.probes import nvml as nvml_mod
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.setattr(nvml_mod, "_NVML", nvml_mod._Nvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    s = snapshot()
+    assert [d.id for d in s.devices] == ["cuda:0", "nvml:0"]
+    d = s.device("cuda:0")
+    assert d.uuid == "GPU-1" and d.source == "nvml"
+    assert sum(n for _, n in d.layers) == d.total
+    assert d.layer("context") == 3 << 30  # NVML's figure for this process, torch holds nothing
+    assert d.layer("other_processes") == (10 << 30) - (3 << 30)
+
+
+def test_provider_devices_are_included():
+    from vramlab._snapshot import DeviceSnapshot, register_device_provider, unregister_device_provider
+
+    def provider():
+        return [DeviceSnapshot(id="virtual:0", kind="virtual", name="T", uuid=None, source="virtual", nvml_index=None,
+                               total=100, free=60, used=40, driver_reserved=None, process_used=40,
+                               other_processes_used=0, utilization=None, torch_allocated=40, torch_reserved=40,
+                               torch_active=None, torch_inactive_split=None, torch_peak_allocated=50,
+                               torch_peak_reserved=None, num_ooms=0, num_alloc_retries=None, mem_info_free=None,
+                               mem_info_total=None, unified_memory=False,
+                               layers=device_layers(100, 40, process_used=40, torch_reserved=40, torch_allocated=40))]
+
+    def broken():
+        raise RuntimeError("boom")
+
+    register_device_provider(provider)
+    register_device_provider(broken)
+    try:
+        s = snapshot()
+        assert s.device("virtual:0").layer("tensors") == 40
+        assert any("boom" in n for n in s.notes)
+    finally:
+        unregister_device_provider(provider)
+        unregister_device_provider(broken)
+    assert all(d.id != "virtual:0" for d in snapshot().devices)

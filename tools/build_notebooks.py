@@ -1,0 +1,74 @@
+"""Build the workbook's notebooks from their percent-format sources, and execute them.
+
+    python tools/build_notebooks.py              # every source in tools/notebooks/
+    python tools/build_notebooks.py 00_start_here
+
+A source is a Python file whose cells start with ``# %%`` (code) or
+``# %% [markdown]`` (markdown; each line starts with ``# ``). The notebook is written
+to ``notebooks/<name>.ipynb``, executed top to bottom in a fresh kernel, and saved
+with its outputs, as the workbook is committed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "tools" / "notebooks"
+OUT = ROOT / "notebooks"
+
+
+def parse(text: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    kind, lines = None, []
+
+    def flush() -> None:
+        if kind is None:
+            return
+        body = "\n".join(lines).strip("\n")
+        if kind == "markdown":
+            md = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+            nb.cells.append(nbformat.v4.new_markdown_cell(md))
+        elif body:
+            nb.cells.append(nbformat.v4.new_code_cell(body))
+
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            flush()
+            kind = "markdown" if "[markdown]" in line else "code"
+            lines = []
+        else:
+            lines.append(line)
+    flush()
+    return nb
+
+
+def build(name: str, timeout: int = 600) -> float:
+    nb = parse((SRC / f"{name}.py").read_text())
+    OUT.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(OUT)}}).execute()
+    dt = time.perf_counter() - t0
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{name[:2]}-{i:03d}"
+    nbformat.write(nb, OUT / f"{name}.ipynb")
+    return dt
+
+
+def main(argv: list[str]) -> int:
+    names = argv or sorted(p.stem for p in SRC.glob("*.py"))
+    for n in names:
+        dt = build(n)
+        print(f"{n}: executed in {dt:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,379 @@
+"""The reconciled snapshot: one frozen reading of every memory layer.
+
+``snapshot()`` reads the host, NVML and the torch allocators once and reconciles
+them. For each GPU every byte of the card sits in exactly one layer, and the
+layers add up to the card's total:
+
+==================  ==========================================================
+``tensors``          torch ``memory_allocated``
+``torch_cache``      reserved − allocated: blocks the caching allocator keeps
+``context``          NVML's figure for this process − torch reserved: the CUDA
+                     context, cuBLAS workspaces, non-torch libraries
+``other_processes``  NVML used − this process
+``unattributed``     used memory NVML cannot split between this process and
+                     others (it does not list this PID: containers, WSL)
+``driver_reserved``  memory the driver keeps (NVML v2 memory info)
+``free``             the rest
+==================  ==========================================================
+
+Host memory splits the same way against the *effective limit* (the cgroup's in
+a container or on Binder, else physical RAM): ``process`` (RSS),
+``others`` (other processes and caches charged to the same scope),
+``available`` and ``out_of_reach`` (inside the limit but not available,
+because the machine itself is short).
+
+All sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from .probes.host import HostReading, read_host
+from .probes.nvml import NvmlDevice, map_visible_devices, read_nvml
+from .probes.torch_ import TorchDevice, read_torch
+
+__all__ = [
+    "Snapshot",
+    "HostSnapshot",
+    "DeviceSnapshot",
+    "snapshot",
+    "device_layers",
+    "host_layers",
+    "register_device_provider",
+    "unregister_device_provider",
+    "DEVICE_LAYERS",
+    "HOST_LAYERS",
+]
+
+#: Device layer keys, bottom to top, with their labels.
+DEVICE_LAYERS: dict[str, str] = {
+    "tensors": "tensors",
+    "torch_cache": "torch cache",
+    "context": "context & non-torch",
+    "unattributed": "unattributed",
+    "other_processes": "other processes",
+    "driver_reserved": "driver reserved",
+    "free": "free",
+}
+
+#: Host layer keys with their labels.
+HOST_LAYERS: dict[str, str] = {
+    "process": "this process",
+    "others": "others",
+    "out_of_reach": "out of reach",
+    "available": "available",
+}
+
+
+@dataclass(frozen=True)
+class HostSnapshot(HostReading):
+    """Host memory, in bytes (every field of :class:`~vramlab.probes.host.HostReading`),
+    with its reconciled layers (see module docs)."""
+
+    layers: tuple[tuple[str, int], ...]
+
+    def layer(self, key: str) -> int:
+        """The size of one layer in bytes (0 when absent)."""
+        return dict(self.layers).get(key, 0)
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """One accelerator, in bytes, reconciled across NVML and the torch allocator.
+
+    ``id`` is torch's name for the device (``cuda:0``), or ``nvml:N`` for an NVIDIA
+    GPU this process cannot see (hidden by CUDA_VISIBLE_DEVICES), or ``virtual:0``.
+    ``source`` says which readings it combines (``"nvml+torch"``, ``"nvml"``,
+    ``"torch"``, ``"virtual"``).
+    """
+
+    id: str
+    kind: str
+    name: Optional[str]
+    uuid: Optional[str]
+    source: str
+    nvml_index: Optional[int]
+    total: Optional[int]
+    free: Optional[int]
+    used: Optional[int]
+    driver_reserved: Optional[int]
+    process_used: Optional[int]
+    other_processes_used: Optional[int]
+    utilization: Optional[int]
+    torch_allocated: Optional[int]
+    torch_reserved: Optional[int]
+    torch_active: Optional[int]
+    torch_inactive_split: Optional[int]
+    torch_peak_allocated: Optional[int]
+    torch_peak_reserved: Optional[int]
+    num_ooms: Optional[int]
+    num_alloc_retries: Optional[int]
+    mem_info_free: Optional[int]
+    mem_info_total: Optional[int]
+    unified_memory: bool
+    layers: tuple[tuple[str, int], ...]
+
+    def layer(self, key: str) -> int:
+        """The size of one layer in bytes (0 when absent)."""
+        return dict(self.layers).get(key, 0)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A frozen reading of every layer. ``to_dict()`` is JSON-safe.
+
+    Attributes:
+        time: seconds since the epoch (``time.time()``).
+        host: the host reading.
+        devices: every accelerator, torch order first.
+        notes: one line for each reading that is missing, and why.
+    """
+
+    time: float
+    host: HostSnapshot
+    devices: tuple[DeviceSnapshot, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def device(self, id: str) -> DeviceSnapshot:
+        """The device named ``id`` (``"cuda:0"``); ``KeyError`` when absent."""
+        for d in self.devices:
+            if d.id == id:
+                return d
+        raise KeyError(f"no device {id!r} in this snapshot (have: {', '.join(d.id for d in self.devices) or 'none'})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict: sizes as ints in bytes, missing readings as ``None``."""
+        host = asdict(self.host)
+        host["layers"] = dict(self.host.layers)
+        devices = []
+        for d in self.devices:
+            dd = asdict(d)
+            dd["layers"] = dict(d.layers)
+            devices.append(dd)
+        return {
+            "time": self.time,
+            "time_iso": _dt.datetime.fromtimestamp(self.time, _dt.timezone.utc).isoformat(),
+            "host": host,
+            "devices": devices,
+            "notes": list(self.notes),
+        }
+
+    def __repr__(self) -> str:
+        ids = ", ".join(d.id for d in self.devices) or "no accelerators"
+        return f"<vramlab.Snapshot host + {ids}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from .display.html import snapshot_html
+        from .display.text import snapshot_text
+
+        return {"text/plain": snapshot_text(self), "text/html": snapshot_html(self)}
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+
+def device_layers(
+    total: Optional[int],
+    used: Optional[int],
+    *,
+    driver_reserved: Optional[int] = None,
+    process_used: Optional[int] = None,
+    torch_reserved: Optional[int] = None,
+    torch_allocated: Optional[int] = None,
+) -> tuple[tuple[str, int], ...]:
+    """Split a device's total into layers that add up to ``total`` exactly (bytes).
+
+    Readings taken a moment apart may disagree by a few blocks; each layer is then
+    clamped into what is left, so the sum always equals ``total``.
+    ``process_used=None`` means NVML cannot tell this process from others: what is
+    used beyond torch's reserved memory goes to ``unattributed``.
+    """
+    if total is None or used is None:
+        return ()
+    rd = max(driver_reserved or 0, 0)
+    in_use = max(min(used, total - rd), 0)
+    left = in_use
+    alloc = max(torch_allocated or 0, 0)
+    reserved = max(torch_reserved or 0, alloc)
+    out: list[tuple[str, int]] = []
+
+    def take(key: str, n: int) -> None:
+        nonlocal left
+        n = max(min(n, left), 0)
+        left -= n
+        out.append((key, n))
+
+    take("tensors", alloc)
+    take("torch_cache", reserved - alloc)
+    if process_used is None:
+        take("unattributed", left)
+    else:
+        take("context", max(process_used - reserved, 0))
+        take("other_processes", left)
+    out.append(("driver_reserved", min(rd, total - in_use)))
+    out.append(("free", total - in_use - min(rd, total - in_use)))
+    return tuple(out)
+
+
+def host_layers(h: HostReading) -> tuple[tuple[str, int], ...]:
+    """Split the effective limit into this process, others, out of reach and available (bytes)."""
+    limit = h.limit
+    scope_used = h.cgroup_usage if h.cgroup_usage is not None else h.used
+    process = max(min(h.process_rss, limit), 0)
+    others = max(min(scope_used - h.process_rss, limit - process), 0)
+    headroom = limit - process - others
+    available = max(min(h.available, headroom), 0)
+    return (
+        ("process", process),
+        ("others", others),
+        ("out_of_reach", headroom - available),
+        ("available", available),
+    )
+
+
+# --------------------------------------------------------------------------- providers (virtual devices)
+
+_PROVIDERS: list[Callable[[], list[DeviceSnapshot]]] = []
+_PROVIDERS_LOCK = threading.Lock()
+
+
+def register_device_provider(fn: Callable[[], list[DeviceSnapshot]]) -> None:
+    """Add a source of extra devices (the virtual GPU uses this). Idempotent."""
+    with _PROVIDERS_LOCK:
+        if fn not in _PROVIDERS:
+            _PROVIDERS.append(fn)
+
+
+def unregister_device_provider(fn: Callable[[], list[DeviceSnapshot]]) -> None:
+    """Remove a device source added by :func:`register_device_provider`."""
+    with _PROVIDERS_LOCK:
+        if fn in _PROVIDERS:
+            _PROVIDERS.remove(fn)
+
+
+# --------------------------------------------------------------------------- snapshot()
+
+
+def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[TorchDevice], notes: list[str]) -> DeviceSnapshot:
+    if nv is not None:
+        total, used, free, rd = nv.total, nv.used, nv.free, nv.reserved
+        process_used, others = nv.process_used, nv.other_processes_used
+        if td is not None and td.reserved and not nv.pid_listed and process_used == 0:
+            process_used = None
+            notes.append(f"{id}: NVML does not list this process (a PID namespace?): "
+                         "context and other processes are shown together as unattributed")
+    else:
+        total = td.mem_total if td is not None else None
+        free = td.mem_free if td is not None else None
+        used = (total - free) if total is not None and free is not None else None
+        rd = None
+        process_used = others = None
+        if td is not None and td.kind == "mps":
+            used = td.reserved
+            free = None if total is None or used is None else max(total - used, 0)
+            process_used = td.reserved
+    layers = device_layers(
+        total, used,
+        driver_reserved=rd,
+        process_used=process_used,
+        torch_reserved=td.reserved if td else None,
+        torch_allocated=td.allocated if td else None,
+    )
+    source = "+".join(s for s, present in (("nvml", nv is not None), ("torch", td is not None)) if present)
+    return DeviceSnapshot(
+        id=id,
+        kind=kind,
+        name=(nv.name if nv is not None else (td.name if td else None)),
+        uuid=(nv.uuid if nv is not None else (td.uuid if td else None)),
+        source=source,
+        nvml_index=nv.index if nv is not None else None,
+        total=total,
+        free=free,
+        used=used,
+        driver_reserved=rd,
+        process_used=process_used,
+        other_processes_used=others,
+        utilization=nv.utilization if nv is not None else None,
+        torch_allocated=td.allocated if td else None,
+        torch_reserved=td.reserved if td else None,
+        torch_active=td.active if td else None,
+        torch_inactive_split=td.inactive_split if td else None,
+        torch_peak_allocated=td.peak_allocated if td else None,
+        torch_peak_reserved=td.peak_reserved if td else None,
+        num_ooms=td.num_ooms if td else None,
+        num_alloc_retries=td.num_alloc_retries if td else None,
+        mem_info_free=td.mem_free if td else None,
+        mem_info_total=td.mem_total if td else None,
+        unified_memory=bool(nv.unified_memory) if nv is not None else False,
+        layers=layers,
+    )
+
+
+def snapshot(*, uss: bool = False, import_torch: bool = False) -> Snapshot:
+    """Read every memory layer now and reconcile it. Never raises for a missing layer.
+
+    Args:
+        uss: also read this process's USS (walks every mapping: slower).
+        import_torch: import torch to read its allocators even if the user has not.
+            By default torch is read only when it is already imported, and CUDA
+            only when it is already initialised: reading never creates a context.
+    """
+    h = read_host(uss=uss)
+    notes: list[str] = []
+    host = HostSnapshot(**vars(h), layers=host_layers(h))
+    nvml = read_nvml()
+    if nvml.reason:
+        notes.append(nvml.reason)
+    notes.extend(nvml.notes)
+    for d in nvml.devices:
+        if d.note:
+            notes.append(d.note)
+    torch_devs, tnotes = read_torch(import_torch=import_torch)
+    notes.extend(tnotes)
+
+    devices: list[DeviceSnapshot] = []
+    nv_by_uuid = {d.uuid.lower(): d for d in nvml.devices}
+    used_nv: set[str] = set()
+    cuda_t = [t for t in torch_devs if t.kind == "cuda"]
+    if cuda_t:
+        # torch is up: map by the UUIDs torch reports (exact).
+        visible = map_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.devices)
+        for t in cuda_t:
+            nv = nv_by_uuid.get((t.uuid or "").lower())
+            if nv is None and t.uuid is None and t.index < len(visible):
+                nv = visible[t.index]  # old torch without uuid: fall back to the env mapping
+            if nv is not None:
+                used_nv.add(nv.uuid)
+            devices.append(_from_parts(t.id, "cuda", nv, t, notes))
+    else:
+        visible = map_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.devices)
+        for i, nv in enumerate(visible):
+            used_nv.add(nv.uuid)
+            devices.append(_from_parts(f"cuda:{i}", "cuda", nv, None, notes))
+        if visible and "torch" in sys.modules:
+            notes.append("torch has not initialised CUDA: allocator figures are not read (no context is created)")
+    for t in torch_devs:
+        if t.kind != "cuda":
+            devices.append(_from_parts(t.id, t.kind, None, t, notes))
+    for nv in nvml.devices:
+        if nv.uuid in used_nv or (nv.mig_enabled and any(m.parent_uuid == nv.uuid and m.uuid in used_nv
+                                                          for m in nvml.devices)):
+            continue
+        devices.append(_from_parts(f"nvml:{nv.index}" + (f".{nv.mig_index}" if nv.mig_index is not None else ""),
+                                   "cuda", nv, None, []))
+    with _PROVIDERS_LOCK:
+        providers = list(_PROVIDERS)
+    for p in providers:
+        try:
+            devices.extend(p())
+        except Exception as e:
+            notes.append(f"device provider {getattr(p, '__qualname__', p)} failed: {type(e).__name__}: {e}")
+    if "torch" not in sys.modules:
+        notes.append("torch is not imported: allocator figures are not read")
+    return Snapshot(time=h.time, host=host, devices=tuple(devices), notes=tuple(notes))

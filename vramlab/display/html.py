@@ -1,0 +1,124 @@
+"""HTML rendering of a Snapshot: a table with one stacked bar per device and for the host.
+
+The HTML is self-contained (inline styles, no scripts), so it survives in a saved
+notebook, on nbviewer and on GitHub. Colours are mid-tone fills that read on light
+and dark backgrounds; text inherits the page's colour.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html as _html
+from typing import Optional
+
+from .._sizes import format_bytes
+from .._snapshot import DEVICE_LAYERS, HOST_LAYERS, Snapshot
+
+__all__ = ["snapshot_html", "html_bar", "COLOURS"]
+
+#: Fill colour of each layer.
+COLOURS: dict[str, str] = {
+    "tensors": "#4e79a7",
+    "torch_cache": "#76b7b2",
+    "context": "#f28e2b",
+    "unattributed": "#b07aa1",
+    "other_processes": "#e15759",
+    "driver_reserved": "#9c755f",
+    "free": "rgba(127,127,127,0.18)",
+    "process": "#4e79a7",
+    "others": "#e15759",
+    "out_of_reach": "#9c755f",
+    "available": "rgba(127,127,127,0.18)",
+}
+
+_WARN = 0.90
+
+
+def html_bar(layers: tuple[tuple[str, int], ...], labels: dict[str, str], width_px: int = 320) -> str:
+    """A stacked horizontal bar; each segment's title gives its label and size."""
+    total = sum(n for _, n in layers)
+    segs = []
+    for key, n in layers:
+        if n <= 0 or total <= 0:
+            continue
+        pct = 100.0 * n / total
+        title = _html.escape(f"{labels.get(key, key)}: {format_bytes(n)} ({pct:.1f}%)")
+        segs.append(f'<div title="{title}" style="width:{pct:.3f}%;background:{COLOURS.get(key, "#888")};height:100%"></div>')
+    return (f'<div class="vramlab-bar" style="display:flex;width:{width_px}px;height:14px;'
+            f'border:1px solid rgba(127,127,127,0.6);border-radius:3px;overflow:hidden">{"".join(segs)}</div>')
+
+
+def _legend(layers: tuple[tuple[str, int], ...], labels: dict[str, str], total: Optional[int],
+            skip_zero: tuple[str, ...] = ()) -> str:
+    items = []
+    for key, n in layers:
+        if n == 0 and key in skip_zero:
+            continue
+        pct = f" ({100.0 * n / total:.1f}%)" if total else ""
+        items.append(
+            f'<span style="white-space:nowrap;margin-right:10px"><span style="display:inline-block;width:9px;'
+            f'height:9px;background:{COLOURS.get(key, "#888")};border:1px solid rgba(127,127,127,0.6);'
+            f'margin-right:3px"></span>{_html.escape(labels.get(key, key))} <b>{format_bytes(n)}</b>{pct}</span>'
+        )
+    return " ".join(items)
+
+
+def _used_fraction(layers: tuple[tuple[str, int], ...], free_keys: tuple[str, ...]) -> float:
+    total = sum(n for _, n in layers)
+    if total <= 0:
+        return 0.0
+    return sum(n for k, n in layers if k not in free_keys) / total
+
+
+def snapshot_html(s: Snapshot) -> str:
+    """Render ``s`` as a self-contained HTML table."""
+    when = _html.escape(_dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S"))
+    td = 'style="padding:3px 8px;text-align:left;vertical-align:top"'
+    rows = []
+    h = s.host
+    warn = _used_fraction(h.layers, ("available",)) >= _WARN
+    peak = format_bytes(h.process_peak) + ("" if h.peak_exact else " (lifetime)")
+    swap = (f"swap {format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}" if h.swap_total
+            else "no swap")
+    rows.append(
+        f"<tr><td {td}><b>host</b><br><small>limit {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}</small></td>"
+        f"<td {td}>{html_bar(h.layers, HOST_LAYERS)}"
+        f'<div style="font-size:90%;margin-top:3px">{_legend(h.layers, HOST_LAYERS, h.limit, ("out_of_reach",))}</div>'
+        f'<div style="font-size:90%">peak RSS {peak} · {swap}'
+        + (' · <b style="color:#e15759">≥ 90% of the limit</b>' if warn else "")
+        + "</div></td></tr>"
+    )
+    for d in s.devices:
+        title = f"<b>{_html.escape(d.id)}</b><br><small>{_html.escape(d.name or '?')}"
+        if d.total is not None:
+            title += f"<br>total {format_bytes(d.total)}"
+        if d.utilization is not None:
+            title += f" · util {d.utilization}%"
+        title += "</small>"
+        body = ""
+        if d.layers:
+            warn = _used_fraction(d.layers, ("free",)) >= _WARN
+            body += html_bar(d.layers, DEVICE_LAYERS)
+            body += (f'<div style="font-size:90%;margin-top:3px">'
+                     f'{_legend(d.layers, DEVICE_LAYERS, d.total, ("driver_reserved", "unattributed"))}</div>')
+            if warn:
+                body += '<div style="font-size:90%"><b style="color:#e15759">≥ 90% of the device in use</b></div>'
+        if d.torch_peak_allocated is not None:
+            extra = (f"peak allocated {format_bytes(d.torch_peak_allocated)} · peak reserved "
+                     f"{format_bytes(d.torch_peak_reserved)}")
+            if d.torch_inactive_split:
+                extra += f" · fragmented {format_bytes(d.torch_inactive_split)}"
+            if d.num_ooms:
+                extra += f" · OOMs {d.num_ooms}"
+            body += f'<div style="font-size:90%">{extra}</div>'
+        rows.append(f"<tr><td {td}>{title}</td><td {td}>{body}</td></tr>")
+    if not s.devices:
+        rows.append(f"<tr><td {td}><b>accelerators</b></td><td {td}>none</td></tr>")
+    notes = ""
+    if s.notes:
+        notes = ('<div style="font-size:85%;opacity:0.8;margin-top:4px">'
+                 + "<br>".join("• " + _html.escape(n) for n in s.notes) + "</div>")
+    return (f'<div class="vramlab-snapshot" style="font-family:var(--jp-ui-font-family,sans-serif);color:inherit">'
+            f'<div style="font-size:90%;opacity:0.8">vramlab snapshot {when}</div>'
+            f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table>'
+            f"{notes}</div>")
