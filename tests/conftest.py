@@ -15,3 +15,15 @@ def ip():
     yield shell
     if "vramlab" in shell.extension_manager.loaded:
         shell.run_line_magic("unload_ext", "vramlab")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Close every widget while ipywidgets is still intact (its __del__ fails at interpreter teardown)."""
+    import sys
+
+    from vramlab.sampler import get_sampler
+
+    get_sampler().stop()
+    w = sys.modules.get("ipywidgets")
+    if w is not None:
+        w.Widget.close_all()

@@ -76,3 +76,153 @@ def test_load_twice_is_harmless_and_unload_removes_everything(ip):
     assert set(ip.magics_manager.magics["cell"]) == before_cell
     ip.run_line_magic("load_ext", "vramlab")
     assert "vram" in ip.magics_manager.magics["line"]
+
+
+# ---------------------------------------------------------------- per-cell records, auto, watch, history, free
+
+MiB = 2**20
+
+
+def test_cell_magic_reports_exact_host_peak(ip):
+    import vramlab
+
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        r = ip.run_cell("%%vram\nimport numpy as np\nx = np.ones(300 * 2**20 // 8)\ndel x\n")
+    assert r.success
+    rec = vramlab.last()
+    assert rec.host.peak_delta >= 290 * MiB
+    assert "peak during cell" in cap.outputs[0].data["text/plain"]
+    assert "vramlab-record" in cap.outputs[0].data["text/html"]
+
+
+def test_cell_magic_returns_last_value_and_propagates_errors(ip):
+    import vramlab
+
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        r = ip.run_cell("%%vram\n6 * 7\n")
+    assert r.result == 42
+    with capture_output() as cap:
+        r = ip.run_cell("%%vram\nraise KeyError('nope')\n")
+    assert not r.success and isinstance(r.error_in_exec, KeyError)
+    assert vramlab.last().error == "KeyError"
+    assert any("raised KeyError" in o.data["text/plain"] for o in cap.outputs)
+
+
+def test_cell_magic_rejects_subcommands(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        r = ip.run_cell("%%vram watch\n1\n")
+    assert not r.success and "UsageError" in cap.stderr + cap.stdout
+
+
+def test_auto_prints_one_line_per_cell_even_if_loaded_twice(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        ip.run_line_magic("vram", "auto on")
+    try:
+        with capture_output() as cap:
+            ip.run_cell("z = 1")
+        assert cap.stdout.count("[vramlab] cell") == 1
+        assert "RSS" in cap.stdout
+    finally:
+        with capture_output():
+            ip.run_line_magic("vram", "auto off")
+    with capture_output() as cap:
+        ip.run_cell("z = 2")
+    assert "[vramlab]" not in cap.stdout
+
+
+def test_auto_bad_argument(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    for line in ("auto", "auto maybe", "auto on off"):
+        with pytest.raises(UsageError, match="on or off"):
+            ip.run_line_magic("vram", line)
+
+
+def test_watch_and_stop(ip):
+    import threading
+    import time
+
+    import vramlab
+
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "watch --interval 0.25")
+    try:
+        assert cap.outputs[0].data["text/plain"] == "<vramlab monitor>"
+        from vramlab.sampler import get_sampler
+
+        assert get_sampler().running and get_sampler().interval == 0.25
+    finally:
+        with capture_output():
+            ip.run_line_magic("vram", "stop")
+    assert not [t for t in threading.enumerate() if t.name == "vramlab-sampler"]
+    for bad in ("watch --interval fast", "watch --interval 0", "show --interval 1"):
+        with pytest.raises(UsageError):
+            ip.run_line_magic("vram", bad)
+    m = vramlab.watch()
+    try:
+        assert "vramlab-monitor" in m._dom_classes
+    finally:
+        vramlab.stop()
+        m.close()
+
+
+def test_unload_stops_the_sampler_and_unregisters_events(ip):
+    n_pre = len(ip.events.callbacks["pre_run_cell"])
+    ip.run_line_magic("load_ext", "vramlab")
+    assert len(ip.events.callbacks["pre_run_cell"]) == n_pre + 1
+    with capture_output():
+        ip.run_line_magic("vram", "watch")
+    ip.run_line_magic("unload_ext", "vramlab")
+    from vramlab.sampler import get_sampler
+
+    assert not get_sampler().running
+    assert len(ip.events.callbacks["pre_run_cell"]) == n_pre
+    assert "vram" not in ip.magics_manager.magics["cell"]
+
+
+def test_history_export_plot_free_last(ip, tmp_path):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        ip.run_cell("%%vram\nq = 1\n")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "history --last 3")
+    assert "cell" in cap.stdout and "RSS" in cap.stdout
+    with capture_output() as cap:
+        ip.run_line_magic("vram", f"export {tmp_path / 'h.csv'}")
+    assert (tmp_path / "h.csv").exists() and "wrote" in cap.stdout
+    with pytest.raises(UsageError, match="does not exist"):
+        ip.run_line_magic("vram", f"export {tmp_path / 'no' / 'h.csv'}")
+    with pytest.raises(UsageError, match="suffix"):
+        ip.run_line_magic("vram", f"export {tmp_path / 'h.xlsx'}")
+    with pytest.raises(UsageError, match="one PATH"):
+        ip.run_line_magic("vram", "export")
+    fig = ip.run_line_magic("vram", "plot")
+    assert type(fig).__name__ == "Figure"
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "free")
+    assert "freed" in cap.stdout
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "last")
+    assert cap.outputs and "vramlab cell" in cap.outputs[0].data["text/plain"]
+
+
+def test_oom_in_a_cell_is_explained(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    code = ("import torch\nbatch_size = 32\n"
+            "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total "
+            "capacity of 8.00 GiB of which 512.00 MiB is free. Of the allocated memory 7.00 GiB is allocated by "
+            "PyTorch, and 0 bytes is reserved by PyTorch but unallocated.')\n")
+    with capture_output() as cap:
+        r = ip.run_cell(code)
+    assert not r.success
+    texts = [o.data["text/plain"] for o in cap.outputs]
+    expl = next(t for t in texts if "out of memory" in t)
+    assert "requested            1.00 GiB" in expl and "batch size 32 -> at most 16" in expl
+    from vramlab.sampler import get_sampler
+
+    assert get_sampler().markers[-1].kind == "oom"

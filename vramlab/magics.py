@@ -3,52 +3,195 @@
 Usage::
 
     %load_ext vramlab
-    %vram              # the reconciled snapshot: a table with a stacked bar per device and the host
-    %vram --json       # the same reading as a JSON dict
-    %vram --uss        # also read this process's USS (slower)
+    %vram                      # the reconciled snapshot (tensors, cache, context, others, free; host, swap)
+    %vram --json               # the same reading as a JSON dict
+    %vram watch                # a live monitor (one shared sampler; --interval 0.25 changes the rate)
+    %vram stop                 # stop the sampler; monitors freeze on their last reading
+    %vram auto on|off          # a one-line record after every cell
+    %vram history              # a table of the last cells (--last N)
+    %vram export PATH          # .csv (cells, or --samples) or .json (everything)
+    %vram plot                 # a matplotlib timeline with cell spans and OOMs
+    %vram free                 # drop what the last traceback keeps alive, collect, empty the cache
+    %vram last                 # the latest cell record
 
-``%vram?`` prints this manual. Unknown subcommands and options raise a
+    %%vram                     # run the cell, then show its record: wall time, deltas, exact peaks
+    %%vram --keep-peaks        # the same without resetting the global peak counters
+
+Per-cell records reset peak counters (host ``VmHWM``, torch ``reset_peak_memory_stats``),
+which is global; ``--keep-peaks`` leaves them alone and reports a peak only when the cell
+set a new high. ``%vram?`` prints this manual. Unknown subcommands and options raise a
 ``UsageError`` with the usage line.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import sys
 from typing import Any, Callable, Optional
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 __all__ = ["VramMagics", "load", "unload", "SUBCOMMANDS"]
 
-#: subcommand -> (handler name, one-line help). Later modules add entries here.
+#: subcommand -> one-line help.
 SUBCOMMANDS: dict[str, str] = {
     "show": "show the reconciled snapshot (the default)",
+    "watch": "display a live monitor (starts the shared sampler)",
+    "stop": "stop the sampler",
+    "auto": "on|off: a one-line record after every cell",
+    "history": "a table of the last cells",
+    "export": "PATH: write the history as .csv or .json",
+    "plot": "a matplotlib timeline of the history",
+    "free": "drop the last traceback's references, collect, empty the cache",
+    "last": "the latest cell record",
 }
+
+_NO_ARGS = ("show", "watch", "stop", "history", "plot", "free", "last")
 
 
 @magics_class
 class VramMagics(Magics):
-    """The ``%vram`` magic."""
+    """The ``%vram`` line magic and ``%%vram`` cell magic."""
+
+    def __init__(self, shell: Any, events: "_Events") -> None:
+        super().__init__(shell)
+        self._events = events
 
     @magic_arguments()
     @argument("command", nargs="?", default=None, metavar="SUBCOMMAND",
               help="one of: " + ", ".join(SUBCOMMANDS) + " (default: show)")
-    @argument("rest", nargs="*", metavar="ARG", help="arguments of the subcommand")
-    @argument("--json", action="store_true", help="print the snapshot as a JSON dict")
-    @argument("--uss", action="store_true", help="also read this process's USS (slower: walks every mapping)")
-    @line_magic
-    def vram(self, line: str = "") -> None:
-        """Show GPU memory (NVML and the torch allocator), host RAM and swap, reconciled."""
+    @argument("rest", nargs="*", metavar="ARG", help="arguments of the subcommand (auto: on|off; export: PATH)")
+    @argument("--json", action="store_true", help="show: print the snapshot as a JSON dict")
+    @argument("--uss", action="store_true", help="show: also read this process's USS (slower)")
+    @argument("--interval", type=str, default=None, metavar="SECONDS",
+              help="watch: sampling interval in seconds (default 0.5)")
+    @argument("--keep-peaks", action="store_true",
+              help="%%%%vram and auto: do not reset the global peak counters")
+    @argument("--samples", action="store_true", help="export: write the samples table instead of the cells (CSV)")
+    @argument("--last", type=int, default=20, metavar="N", help="history: how many cells (default 20)")
+    @line_cell_magic
+    def vram(self, line: str = "", cell: Optional[str] = None) -> Any:
+        """GPU memory (NVML and the torch allocator), host RAM and swap, reconciled; live and per cell."""
         args = self._parse(line)
+        if cell is not None:
+            if args.command is not None:
+                raise UsageError(f"%%vram takes only --keep-peaks, got {args.command!r}\n{self._usage()}")
+            return self._cell(cell, keep_peaks=args.keep_peaks)
         command = args.command or "show"
-        if command == "show":
-            if args.rest:
-                raise UsageError(f"%vram show takes no arguments, got {' '.join(args.rest)!r}\n{self._usage()}")
-            self._show(args)
+        if command not in SUBCOMMANDS:
+            raise UsageError(f"unknown subcommand {command!r}; choose one of: {', '.join(SUBCOMMANDS)}\n{self._usage()}")
+        if command in _NO_ARGS and args.rest:
+            raise UsageError(f"%vram {command} takes no arguments, got {' '.join(args.rest)!r}\n{self._usage()}")
+        if args.interval is not None and command != "watch":
+            raise UsageError(f"--interval goes with watch\n{self._usage()}")
+        return getattr(self, f"_cmd_{command}")(args)
+
+    # -- subcommands
+    def _cmd_show(self, args: Any) -> None:
+        from ._snapshot import snapshot
+
+        snap = snapshot(uss=args.uss)
+        if args.json:
+            print(json.dumps(snap.to_dict(), indent=2))
+            return
+        from IPython.display import display
+
+        display(snap)
+
+    def _cmd_watch(self, args: Any) -> Any:
+        from . import _api
+
+        interval = None
+        if args.interval is not None:
+            try:
+                interval = float(args.interval)
+            except ValueError:
+                raise UsageError(f"--interval takes a number of seconds, got {args.interval!r}") from None
+        try:
+            mon = _api.watch(interval)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        from IPython.display import display
+
+        display(mon)
+        return None
+
+    def _cmd_stop(self, args: Any) -> None:
+        from . import _api
+
+        _api.stop()
+        print("[vramlab] sampler stopped")
+
+    def _cmd_auto(self, args: Any) -> None:
+        if len(args.rest) != 1 or args.rest[0] not in ("on", "off"):
+            raise UsageError(f"%vram auto takes on or off\n{self._usage()}")
+        self._events.auto = args.rest[0] == "on"
+        self._events.keep_peaks = args.keep_peaks
+        print(f"[vramlab] per-cell records {'on' if self._events.auto else 'off'}"
+              + (" (peak counters kept)" if self._events.auto and args.keep_peaks else ""))
+
+    def _cmd_history(self, args: Any) -> None:
+        from ._history import history
+
+        print(history().text(last=max(args.last, 1)))
+
+    def _cmd_export(self, args: Any) -> None:
+        from ._history import history
+
+        if len(args.rest) != 1:
+            raise UsageError(f"%vram export takes one PATH (.csv or .json)\n{self._usage()}")
+        path = os.path.expanduser(args.rest[0])
+        try:
+            written = history().export(path, which="samples" if args.samples else "cells")
+        except (ValueError, OSError) as e:
+            raise UsageError(f"%vram export: {e}") from None
+        print(f"[vramlab] wrote {written}")
+
+    def _cmd_plot(self, args: Any) -> Any:
+        from . import _api
+
+        return _api.plot()
+
+    def _cmd_free(self, args: Any) -> None:
+        from .oom import free_last_error
+
+        print(free_last_error(self.shell).text())
+
+    def _cmd_last(self, args: Any) -> Any:
+        from . import _api
+
+        rec = _api.last()
+        if rec is None:
+            print("no cell records yet: use %%vram on a cell, or %vram auto on")
             return None
-        raise UsageError(f"unknown subcommand {command!r}; choose one of: {', '.join(SUBCOMMANDS)}\n{self._usage()}")
+        from IPython.display import display
+
+        display(rec)
+        return None
+
+    # -- %%vram
+    def _cell(self, cell: str, keep_peaks: bool) -> Any:
+        from IPython.display import display
+
+        from .cells import get_recorder
+
+        rec = get_recorder()
+        self._events.in_cell_magic = True
+        token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks)
+        error: Optional[BaseException] = None
+        try:
+            return _run_code(self.shell, cell)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            record = rec.end(token, error)
+            if record is not None:
+                display(record)
 
     # -- helpers
     def _parse(self, line: str) -> Any:
@@ -63,43 +206,114 @@ class VramMagics(Magics):
         text = self.vram.parser.format_usage().replace("::", " ")
         return "usage: " + " ".join(text.split()).removeprefix("usage: ")
 
-    def _show(self, args: Any) -> None:
-        from ._snapshot import snapshot
 
-        snap = snapshot(uss=args.uss)
-        if args.json:
-            print(json.dumps(snap.to_dict(), indent=2))
-            return
-        from IPython.display import display
+def _run_code(shell: Any, cell: str) -> Any:
+    """Run a cell's code in the user namespace; return the last expression's value (like %%time)."""
+    code = shell.transform_cell(cell)
+    tree = shell.compile.ast_parse(code)
+    last: Optional[ast.Expression] = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    name = "<vram-cell>"
+    exec(shell.compile(tree, name, "exec"), shell.user_ns)
+    if last is not None:
+        return eval(shell.compile(last, name, "eval"), shell.user_ns)
+    return None
 
-        display(snap)
+
+class _Events:
+    """The pre/post_run_cell callbacks: cell markers, auto records, OOM explanations."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.auto = False
+        self.keep_peaks = False
+        self.in_cell_magic = False
+        self._token: Any = None
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        try:
+            count = self.shell.execution_count
+            s = sys.modules.get("vramlab.sampler")
+            if s is not None:
+                sampler = s.get_sampler()
+                if sampler.running:
+                    sampler.mark("cell", f"[{count}]")
+            self.in_cell_magic = False
+            self._token = None
+            raw = getattr(info, "raw_cell", "") or ""
+            if self.auto and not raw.lstrip().startswith("%%vram"):
+                from .cells import get_recorder
+
+                self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks)
+        except Exception:
+            self._token = None
+
+    def post_run_cell(self, result: Any = None) -> None:
+        error = getattr(result, "error_in_exec", None)
+        record = None
+        try:
+            if self._token is not None:
+                from .cells import get_recorder
+
+                record = get_recorder().end(self._token, error)
+                self._token = None
+                if record is not None:
+                    print(record.line())
+            elif self.in_cell_magic:
+                from ._api import last
+
+                record = last()
+        except Exception:
+            record = None
+        from .oom import is_oom
+
+        if is_oom(error):
+            try:
+                from IPython.display import display
+
+                from .oom import explain_oom
+                from .sampler import get_sampler
+
+                get_sampler().mark("oom", f"OOM in [{getattr(result, 'execution_count', '?')}]")
+                display(explain_oom(error, self.shell.user_ns, record))
+            except Exception:
+                pass
 
 
-_REGISTERED: dict[int, list[tuple[str, str]]] = {}
-_UNLOAD_HOOKS: list[Callable[[Any], None]] = []
+_REGISTERED: dict[int, tuple[_Events, list[tuple[str, Callable[..., Any]]]]] = {}
 
 
 def load(ip: Any) -> None:
-    """Register the magics on shell ``ip``. Loading twice is harmless."""
+    """Register the magics and the two event callbacks on shell ``ip``. Loading twice is harmless."""
     key = id(ip)
     if key in _REGISTERED:
         return
-    ip.register_magics(VramMagics)
-    _REGISTERED[key] = [("line", "vram")]
+    events = _Events(ip)
+    ip.register_magics(VramMagics(ip, events))
+    callbacks = [("pre_run_cell", events.pre_run_cell), ("post_run_cell", events.post_run_cell)]
+    for name, fn in callbacks:
+        ip.events.register(name, fn)
+    _REGISTERED[key] = (events, callbacks)
 
 
 def unload(ip: Any) -> None:
-    """Remove everything :func:`load` registered on ``ip``."""
-    for hook in list(_UNLOAD_HOOKS):
-        try:
-            hook(ip)
-        except Exception:
-            pass
-    entries = _REGISTERED.pop(id(ip), [])
+    """Remove exactly what :func:`load` registered, and stop the sampler."""
+    entry = _REGISTERED.pop(id(ip), None)
+    if entry is not None:
+        _events, callbacks = entry
+        for name, fn in callbacks:
+            try:
+                ip.events.unregister(name, fn)
+            except ValueError:
+                pass
     magics = ip.magics_manager.magics
-    for kind, name in entries:
-        magics.get(kind, {}).pop(name, None)
+    magics.get("line", {}).pop("vram", None)
+    magics.get("cell", {}).pop("vram", None)
     ip.magics_manager.registry.pop("VramMagics", None)
+    s = sys.modules.get("vramlab.sampler")
+    if s is not None:
+        s.get_sampler().stop("extension unloaded")
 
 
 def registered(ip: Optional[Any]) -> bool:

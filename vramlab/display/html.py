@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import html as _html
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .._sizes import format_bytes
 from .._snapshot import DEVICE_LAYERS, HOST_LAYERS, Snapshot
 
-__all__ = ["snapshot_html", "html_bar", "COLOURS"]
+if TYPE_CHECKING:
+    from ..cells import CellRecord
+
+__all__ = ["snapshot_html", "html_bar", "record_html", "COLOURS"]
 
 #: Fill colour of each layer.
 COLOURS: dict[str, str] = {
@@ -122,3 +125,33 @@ def snapshot_html(s: Snapshot) -> str:
             f'<div style="font-size:90%;opacity:0.8">vramlab snapshot {when}</div>'
             f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table>'
             f"{notes}</div>")
+
+
+def record_html(r: "CellRecord") -> str:
+    """A per-cell record as a compact HTML table."""
+    h = r.host
+    td = 'style="padding:1px 8px;text-align:right"'
+    tl = 'style="padding:1px 8px;text-align:left"'
+    head = f"vramlab · cell {r.execution_count if r.execution_count is not None else '-'} · {r.wall_s:.3f} s"
+    if r.error:
+        head += f' · <b style="color:#e15759">raised {_html.escape(r.error)}</b>'
+    rows = [f"<tr><th {tl}></th><th {td}>delta</th><th {td}>peak during cell</th><th {tl}></th></tr>"]
+    peak = "n/a" if h.peak_delta is None else "+" + format_bytes(max(h.peak_delta, 0))
+    rows.append(f"<tr><td {tl}>host</td><td {td}>{format_bytes(h.rss_delta, signed=True)}</td>"
+                f"<td {td}>{peak}</td><td {tl}>RSS</td></tr>")
+    if h.swap_delta:
+        rows.append(f"<tr><td {tl}>swap</td><td {td}>{format_bytes(h.swap_delta, signed=True)}</td><td></td><td></td></tr>")
+    for d in r.devices:
+        if d.allocated_delta is None and d.nvml_delta is None:
+            continue
+        pk = "n/a" if d.peak_allocated_delta is None else "+" + format_bytes(max(d.peak_allocated_delta, 0))
+        rows.append(f"<tr><td {tl}>{_html.escape(d.id)}</td><td {td}>{format_bytes(d.allocated_delta, signed=True)}</td>"
+                    f"<td {td}>{pk}</td><td {tl}>allocated</td></tr>")
+        if d.reserved_delta is not None:
+            rows.append(f"<tr><td></td><td {td}>{format_bytes(d.reserved_delta, signed=True)}</td><td></td>"
+                        f"<td {tl}>reserved</td></tr>")
+        if d.nvml_delta is not None:
+            rows.append(f"<tr><td></td><td {td}>{format_bytes(d.nvml_delta, signed=True)}</td><td></td>"
+                        f"<td {tl}>NVML (this process)</td></tr>")
+    return (f'<div class="vramlab-record" style="font-size:90%;color:inherit"><div>{head}</div>'
+            f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table></div>')

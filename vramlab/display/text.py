@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .._sizes import format_bytes
 from .._snapshot import DEVICE_LAYERS, HOST_LAYERS, Snapshot
 
-__all__ = ["snapshot_text", "text_bar"]
+if TYPE_CHECKING:
+    from ..cells import CellRecord
+
+__all__ = ["snapshot_text", "text_bar", "record_text"]
 
 #: One character per layer in text bars.
 BAR_CHARS: dict[str, str] = {
@@ -102,4 +105,31 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
         lines.append("")
         lines.append("notes:")
         lines.extend(f"  - {n}" for n in s.notes)
+    return "\n".join(lines)
+
+
+def record_text(r: "CellRecord") -> str:
+    """A per-cell record as a small aligned table."""
+    from .._sizes import format_bytes as fb
+
+    h = r.host
+    head = f"vramlab cell {r.execution_count if r.execution_count is not None else '-'} · {r.wall_s:.3f} s"
+    if r.error:
+        head += f" · raised {r.error}"
+    lines = [head, f"  {'':<10}{'delta':>12}{'peak during cell':>20}"]
+    peak = "n/a" if h.peak_delta is None else "+" + fb(max(h.peak_delta, 0))
+    lines.append(f"  {'host RSS':<10}{fb(h.rss_delta, signed=True):>12}{peak:>20}")
+    if h.swap_delta:
+        lines.append(f"  {'swap':<10}{fb(h.swap_delta, signed=True):>12}")
+    for d in r.devices:
+        if d.allocated_delta is None and d.nvml_delta is None:
+            continue
+        pk = "n/a" if d.peak_allocated_delta is None else "+" + fb(max(d.peak_allocated_delta, 0))
+        lines.append(f"  {d.id:<10}{fb(d.allocated_delta, signed=True):>12}{pk:>20}  allocated")
+        if d.reserved_delta is not None:
+            lines.append(f"  {'':<10}{fb(d.reserved_delta, signed=True):>12}{'':>20}  reserved")
+        if d.nvml_delta is not None:
+            lines.append(f"  {'':<10}{fb(d.nvml_delta, signed=True):>12}{'':>20}  NVML (this process)")
+    if not r.peaks_reset:
+        lines.append("  (peak counters kept: a peak is shown only when the cell set a new high)")
     return "\n".join(lines)

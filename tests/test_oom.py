@@ -1,0 +1,88 @@
+import sys
+
+import pytest
+
+from vramlab.oom import explain_oom, free_last_error, is_oom, parse_oom_message
+
+GiB, MiB = 2**30, 2**20
+
+# the message torch's CUDA caching allocator writes (c10/cuda/CUDACachingAllocator.cpp)
+CUDA_MSG = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.57 GiB of which "
+            "1.50 GiB is free. Including non-PyTorch memory, this process has 14.06 GiB memory in use. Of the "
+            "allocated memory 12.00 GiB is allocated by PyTorch, and 1.75 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+
+
+def test_parse_cuda_message():
+    f = parse_oom_message(CUDA_MSG)
+    assert f["requested"] == 2 * GiB
+    assert f["free"] == int(1.5 * GiB)
+    assert f["torch_allocated"] == 12 * GiB
+    assert f["reserved_unallocated"] == int(1.75 * GiB)
+    assert f["gpu_index"] == 0
+    assert f["total"] == pytest.approx(15.57 * GiB, rel=1e-6)
+
+
+def test_is_oom():
+    import torch
+
+    assert is_oom(torch.OutOfMemoryError(CUDA_MSG))
+    assert not is_oom(ValueError("Tried to allocate"))
+    assert not is_oom(None)
+
+
+def test_fragmentation_first_when_cache_could_hold_the_request():
+    import torch
+
+    ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG.replace("1.75 GiB is reserved", "2.50 GiB is reserved")))
+    assert ex.shortfall == 0
+    assert "expandable_segments" in ex.suggestions[0]
+
+
+def test_batch_size_suggestion_uses_measured_cost():
+    import torch
+
+    ns = {"batch_size": 64}
+    ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), ns)
+    # wanted >= 2 GiB (the request), available 1.5 + 1.75 GiB: 64 * 3.25 / 2 -> capped below 64
+    assert ex.batch_size == 64 and ex.fitting_batch_size == 63
+    ns = {"bs": 64}
+    msg = CUDA_MSG.replace("1.50 GiB is free", "256.00 MiB is free").replace("1.75 GiB is reserved", "0 bytes is reserved")
+    ex = explain_oom(torch.OutOfMemoryError(msg), ns)
+    assert ex.fitting_batch_size == 64 * 256 // 2048
+    assert "batch size 64 -> at most 8" in ex.suggestions[0]
+    assert "%vram free" in ex.text()
+
+
+def test_largest_consumers_from_the_namespace():
+    import torch
+
+    w = torch.zeros(1024, 1024)  # 4 MiB
+    view = w[:10]
+    model = torch.nn.Linear(256, 256)
+    ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), {"w": w, "view": view, "model": model, "_hidden": w})
+    names = [c[0] for c in ex.consumers]
+    assert names[0] in ("w", "view") and "model" in names and "_hidden" not in names
+    assert dict((c[0], c[1]) for c in ex.consumers)["w"] == 4 * MiB
+
+
+def test_free_last_error_returns_what_the_traceback_kept():
+    import numpy as np
+
+    from vramlab.probes.host import read_host
+
+    def work():
+        big = np.ones(200 * MiB // 8)  # noqa: F841 - kept alive by the frame
+        raise RuntimeError("boom")
+
+    try:
+        work()
+    except RuntimeError:
+        sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
+    held = read_host().process_rss
+    rep = free_last_error()
+    assert rep.host >= 190 * MiB, rep.text()
+    assert read_host().process_rss < held - 150 * MiB
+    assert "sys.last_traceback" in rep.cleared
+    assert sys.last_traceback is None

@@ -1,0 +1,305 @@
+"""Out-of-memory explainer and recovery.
+
+:func:`explain_oom` turns a ``torch.OutOfMemoryError`` (CUDA, or the virtual GPU) into
+what a person needs to act: what was requested, what was free, what is reserved but
+unallocated (fragmentation), the largest live consumers, and suggestions ranked by
+those numbers. :func:`free_last_error` drops what the last traceback keeps alive and
+returns the memory to the device and the host.
+
+Sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ._sizes import format_bytes, parse_size
+
+__all__ = ["OOMExplanation", "FreedReport", "is_oom", "parse_oom_message", "explain_oom", "free_last_error"]
+
+_SIZE = r"([0-9.]+\s*(?:bytes|B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB))"
+_PATTERNS = {
+    "requested": re.compile(r"Tried to allocate " + _SIZE, re.I),
+    "total": re.compile(r"total capacity of " + _SIZE, re.I),
+    "free": re.compile(r"of which " + _SIZE + r" is free", re.I),
+    "torch_allocated": re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch", re.I),
+    "reserved_unallocated": re.compile(_SIZE + r" is reserved by PyTorch but unallocated", re.I),
+    "process_in_use": re.compile(r"(?:Process \d+|Including non-PyTorch memory, this process) has " + _SIZE
+                                 + r" memory in use", re.I),
+}
+_DEVICE = re.compile(r"(CUDA|XPU|MPS|virtual GPU|GPU)\s*(\d+)?", re.I)
+_GPU_INDEX = re.compile(r"GPU (\d+) has a total capacity", re.I)
+_BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch")
+
+
+def is_oom(exc: Optional[BaseException]) -> bool:
+    """Whether ``exc`` is a device out-of-memory error (without importing torch)."""
+    if exc is None:
+        return False
+    for cls in type(exc).__mro__:
+        if cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch"):
+            return True
+    msg = str(exc)
+    return isinstance(exc, RuntimeError) and "out of memory" in msg.lower() and "Tried to allocate" in msg
+
+
+def parse_oom_message(message: str) -> dict[str, Optional[int]]:
+    """Read the figures out of a CUDA-style OOM message (bytes; ``None`` where absent)."""
+    out: dict[str, Optional[int]] = {}
+    for key, pat in _PATTERNS.items():
+        m = pat.search(message)
+        value: Optional[int] = None
+        if m:
+            try:
+                value = parse_size(m.group(1).replace("bytes", "B"))
+            except ValueError:
+                value = None
+        out[key] = value
+    g = _GPU_INDEX.search(message)
+    out["gpu_index"] = int(g.group(1)) if g else None
+    return out
+
+
+@dataclass(frozen=True)
+class OOMExplanation:
+    """What an OOM asked for and what could be done. Sizes in bytes."""
+
+    message: str
+    requested: Optional[int]
+    total: Optional[int]
+    free: Optional[int]
+    reserved_unallocated: Optional[int]
+    torch_allocated: Optional[int]
+    shortfall: Optional[int]
+    consumers: tuple[tuple[str, int, str], ...]
+    suggestions: tuple[str, ...]
+    batch_size: Optional[int] = None
+    fitting_batch_size: Optional[int] = None
+
+    def text(self) -> str:
+        """A plain-text explanation."""
+        lines = ["[vramlab] out of memory"]
+        if self.requested is not None:
+            lines.append(f"  requested            {format_bytes(self.requested)}")
+        if self.free is not None:
+            lines.append(f"  free on the device   {format_bytes(self.free)}"
+                         + (f" of {format_bytes(self.total)}" if self.total else ""))
+        if self.reserved_unallocated is not None:
+            lines.append(f"  cached, unallocated  {format_bytes(self.reserved_unallocated)} (reserved by torch, fragmented)")
+        if self.shortfall is not None:
+            lines.append(f"  short by             {format_bytes(self.shortfall)}")
+        if self.consumers:
+            lines.append("  largest live consumers:")
+            for name, n, where in self.consumers:
+                lines.append(f"    {name:<24}{format_bytes(n):>12}  {where}")
+        if self.suggestions:
+            lines.append("  what to try, most effective first:")
+            lines.extend(f"    {i}. {s}" for i, s in enumerate(self.suggestions, 1))
+        lines.append("  then run %vram free to release what the traceback keeps alive")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return "<vramlab.OOMExplanation>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        import html
+
+        return {"text/plain": self.text(),
+                "text/html": f'<pre class="vramlab-oom" style="border-left:3px solid #e15759;padding-left:6px">'
+                             f"{html.escape(self.text())}</pre>"}
+
+
+def _live_consumers(ns: Optional[dict[str, Any]], limit: int = 5) -> list[tuple[str, int, str]]:
+    """The largest tensors, modules and optimizers named in ``ns`` (unique storages)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not ns:
+        return []
+    out = []
+    for name, obj in list(ns.items()):
+        if name.startswith("_"):
+            continue
+        tensors = []
+        try:
+            if isinstance(obj, torch.Tensor):
+                tensors = [obj]
+            elif isinstance(obj, torch.nn.Module):
+                tensors = list(obj.parameters()) + list(obj.buffers())
+                tensors += [p.grad for p in obj.parameters() if p.grad is not None]
+            elif isinstance(obj, torch.optim.Optimizer):
+                tensors = [v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+            elif isinstance(obj, (list, tuple)) and obj and all(isinstance(t, torch.Tensor) for t in obj[:64]):
+                tensors = list(obj)
+        except Exception:
+            continue
+        seen: set[int] = set()
+        total = 0
+        devices: set[str] = set()
+        for t in tensors:
+            try:
+                st = t.untyped_storage()
+                key = st.data_ptr()
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += st.nbytes()
+                devices.add(str(t.device))
+            except Exception:
+                continue
+        if total:
+            out.append((name, total, ", ".join(sorted(devices))))
+    out.sort(key=lambda x: -x[1])
+    return out[:limit]
+
+
+def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
+                record: Any = None) -> OOMExplanation:
+    """Explain an out-of-memory error.
+
+    Args:
+        exc: the exception.
+        user_ns: the namespace to search for live tensors, modules, optimizers and a
+            batch size variable (``batch_size``, ``bs``, ``batch``).
+        record: the cell's :class:`~vramlab.cells.CellRecord`, when one was taken: its
+            allocation during the cell gives the measured per-sample cost.
+    """
+    msg = str(exc)
+    f = parse_oom_message(msg)
+    requested, free, frag = f["requested"], f["free"], f["reserved_unallocated"]
+    shortfall = None
+    if requested is not None and free is not None:
+        shortfall = max(requested - free - (frag or 0), 0)
+    consumers = tuple(_live_consumers(user_ns))
+    bs = None
+    for n in _BATCH_NAMES:
+        v = (user_ns or {}).get(n)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            bs = v
+            break
+    fit_bs = None
+    suggestions: list[str] = []
+    if bs is not None and requested is not None and free is not None:
+        cell_alloc = 0
+        if record is not None:
+            deltas = [d.peak_allocated_delta or 0 for d in record.devices]
+            cell_alloc = max(deltas, default=0)
+        need = cell_alloc + requested  # at least this much was wanted by the cell
+        budget = cell_alloc + free + (frag or 0)
+        if need > 0:
+            fit_bs = max(int(bs * budget // need), 0)
+            if fit_bs >= bs:
+                fit_bs = bs - 1
+        if fit_bs is not None:
+            per = need / bs
+            suggestions.append(
+                f"batch size {bs} -> at most {fit_bs}: the cell wanted at least {format_bytes(need)} "
+                f"({format_bytes(per)} per sample) and {format_bytes(budget)} was available to it")
+    elif requested is not None and free is not None and requested > 0:
+        suggestions.append(f"shrink what this step holds at once (the batch) to at most "
+                           f"{100.0 * (free + (frag or 0)) / requested:.0f}% of the failed request's size")
+    if frag and requested and frag >= 0.5 * requested:
+        # when the cache alone could hold the request, fragmentation is the first thing to fix
+        at = 0 if shortfall == 0 else len(suggestions)
+        suggestions.insert(at, f"{format_bytes(frag)} is cached but fragmented: set "
+                           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts, "
+                           "or call torch.cuda.empty_cache() between phases")
+    suggestions.append("mixed precision (torch.autocast with bf16/fp16) halves activation bytes")
+    suggestions.append("gradient checkpointing (torch.utils.checkpoint) trades recompute for activations")
+    suggestions.append("offload activations (torch.autograd.graph.save_on_cpu) or optimizer state to host RAM")
+    return OOMExplanation(message=msg, requested=requested, total=f["total"], free=free, reserved_unallocated=frag,
+                          torch_allocated=f["torch_allocated"], shortfall=shortfall, consumers=consumers,
+                          suggestions=tuple(suggestions), batch_size=bs, fitting_batch_size=fit_bs)
+
+
+@dataclass(frozen=True)
+class FreedReport:
+    """Bytes returned by :func:`free_last_error`: host RSS, and per device allocated/reserved."""
+
+    host: int
+    devices: tuple[tuple[str, int, int], ...] = field(default_factory=tuple)
+    cleared: tuple[str, ...] = field(default_factory=tuple)
+
+    def text(self) -> str:
+        """One line per layer."""
+        lines = [f"[vramlab] freed: host RSS {format_bytes(self.host)}"]
+        for id_, alloc, reserved in self.devices:
+            lines.append(f"  {id_}: allocated {format_bytes(alloc)}, reserved {format_bytes(reserved)}")
+        if self.cleared:
+            lines.append("  dropped: " + ", ".join(self.cleared))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return "<vramlab.FreedReport>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text()}
+
+
+def _clear_traceback(tb: Any) -> int:
+    n = 0
+    while tb is not None:
+        try:
+            tb.tb_frame.clear()
+            n += 1
+        except RuntimeError:
+            pass  # a frame still executing
+        tb = tb.tb_next
+    return n
+
+
+def free_last_error(shell: Any = None) -> FreedReport:
+    """Drop the last exception and everything its frames keep alive, collect, empty the cache.
+
+    Clears ``sys.last_value``/``last_traceback``/``last_type`` (and ``last_exc``),
+    the locals of every frame in the traceback and its chained exceptions, IPython's
+    copy of the last traceback, then runs ``gc.collect()`` and, where torch has
+    initialised CUDA, ``torch.cuda.empty_cache()``.
+    """
+    from ._snapshot import snapshot
+
+    before = snapshot()
+    cleared: list[str] = []
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    tb = getattr(sys, "last_traceback", None)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if _clear_traceback(exc.__traceback__):
+            cleared.append(f"frames of {type(exc).__name__}")
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+    if tb is not None:
+        _clear_traceback(tb)
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        if getattr(sys, name, None) is not None:
+            setattr(sys, name, None)
+            cleared.append(f"sys.{name}")
+    if shell is not None:
+        for holder in ("InteractiveTB", "SyntaxTB"):
+            obj = getattr(shell, holder, None)
+            if obj is not None and getattr(obj, "tb", None) is not None:
+                obj.tb = None
+                cleared.append(f"{holder}.tb")
+    del exc, tb
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+    after = snapshot()
+    prev = {d.id: d for d in before.devices}
+    devs = []
+    for d in after.devices:
+        p = prev.get(d.id)
+        if p is None:
+            continue
+        devs.append((d.id, (p.torch_allocated or 0) - (d.torch_allocated or 0),
+                     (p.torch_reserved or 0) - (d.torch_reserved or 0)))
+    return FreedReport(host=before.host.process_rss - after.host.process_rss, devices=tuple(devs),
+                       cleared=tuple(cleared))

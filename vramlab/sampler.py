@@ -1,0 +1,208 @@
+"""One background sampler per kernel: reads :func:`vramlab.snapshot` on a daemon thread.
+
+- The default interval is 0.5 s (:data:`DEFAULT_INTERVAL`); ``start(interval=...)`` changes it.
+- Samples go into a bounded ring buffer of :data:`RING_SIZE` entries (2 hours at the
+  default rate), so its memory is fixed however long the kernel lives.
+- ``start`` and ``stop`` are idempotent; the thread also stops at interpreter exit.
+- An exception while sampling is recorded (``last_error``, ``errors``) and the thread
+  goes on; after :data:`MAX_CONSECUTIVE_ERRORS` failures in a row it stops cleanly and
+  says why (``stopped_reason``). It never prints and never raises into the kernel.
+- Listeners (the live monitors) are called on the sampler thread after each sample; a
+  listener that raises is recorded the same way and removed.
+
+Markers (cell starts and OOMs) are kept in a second bounded buffer so timelines can
+draw them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Optional
+
+__all__ = ["Sample", "Marker", "Sampler", "get_sampler", "DEFAULT_INTERVAL", "RING_SIZE"]
+
+DEFAULT_INTERVAL = 0.5  # seconds
+RING_SIZE = int(2 * 3600 / DEFAULT_INTERVAL)  # samples: 2 hours at the default rate
+MARKER_SIZE = 4096
+MAX_CONSECUTIVE_ERRORS = 20
+MIN_INTERVAL = 0.01  # seconds
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A compact reading kept in the ring buffer. Sizes in bytes, time in seconds (epoch).
+
+    ``devices`` holds ``(id, allocated, reserved, used, total)`` per device, where
+    ``allocated``/``reserved`` are torch's (``None`` when torch has not used the device)
+    and ``used``/``total`` are the device's (NVML, or the virtual GPU's).
+    """
+
+    time: float
+    rss: int
+    peak: Optional[int]
+    host_used: int
+    available: int
+    limit: int
+    swap_used: Optional[int]
+    swap_in: Optional[int]
+    swap_out: Optional[int]
+    devices: tuple[tuple[str, Optional[int], Optional[int], Optional[int], Optional[int]], ...]
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A point on the timeline: ``kind`` is ``"cell"`` (a cell started) or ``"oom"``."""
+
+    time: float
+    kind: str
+    label: str
+
+
+def sample_from(snap: Any) -> Sample:
+    """Compress a :class:`~vramlab.Snapshot` into a :class:`Sample`."""
+    h = snap.host
+    scope_used = h.cgroup_usage if h.cgroup_usage is not None else h.used
+    return Sample(
+        time=snap.time, rss=h.process_rss, peak=h.process_peak, host_used=scope_used, available=h.available,
+        limit=h.limit, swap_used=h.swap_used, swap_in=h.swap_in, swap_out=h.swap_out,
+        devices=tuple((d.id, d.torch_allocated, d.torch_reserved, d.used, d.total) for d in snap.devices),
+    )
+
+
+class Sampler:
+    """The background sampler (use :func:`get_sampler` for the kernel's one)."""
+
+    def __init__(self, read: Optional[Callable[[], Any]] = None, ring_size: int = RING_SIZE) -> None:
+        if read is None:
+            from ._snapshot import snapshot as read
+        self._read = read
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.interval = DEFAULT_INTERVAL
+        self.samples: Deque[Sample] = collections.deque(maxlen=ring_size)
+        self.markers: Deque[Marker] = collections.deque(maxlen=MARKER_SIZE)
+        self.latest: Any = None  # the latest full Snapshot
+        self.errors = 0
+        self.last_error: Optional[str] = None
+        self.stopped_reason: Optional[str] = None
+        self._listeners: list[Callable[[Any, "Sampler"], None]] = []
+        self.cpu_seconds = 0.0  # CPU time the sampler thread itself used
+
+    # -- control
+    @property
+    def running(self) -> bool:
+        """Whether the thread is alive."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def start(self, interval: Optional[float] = None) -> None:
+        """Start sampling (idempotent); ``interval`` in seconds changes the rate."""
+        with self._lock:
+            if interval is not None:
+                if not (interval == interval) or interval < MIN_INTERVAL or interval == float("inf"):
+                    raise ValueError(f"the interval must be at least {MIN_INTERVAL} s, got {interval!r}")
+                self.interval = float(interval)
+            if self.running:
+                self._stop.set()  # wake it so the new interval applies now
+                self._thread.join(timeout=5)  # type: ignore[union-attr]
+            self._stop = threading.Event()
+            self.stopped_reason = None
+            t = threading.Thread(target=self._run, args=(self._stop,), name="vramlab-sampler", daemon=True)
+            self._thread = t
+            t.start()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop sampling and wait for the thread to end (idempotent)."""
+        with self._lock:
+            t = self._thread
+            self._stop.set()
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=5)
+            self._thread = None
+            if self.stopped_reason is None:
+                self.stopped_reason = reason
+
+    def add_listener(self, fn: Callable[[Any, "Sampler"], None]) -> None:
+        """Call ``fn(snapshot, sampler)`` on the sampler thread after each sample."""
+        with self._lock:
+            if fn not in self._listeners:
+                self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Any, "Sampler"], None]) -> None:
+        """Stop calling ``fn``."""
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def mark(self, kind: str, label: str, when: Optional[float] = None) -> None:
+        """Add a timeline marker (cheap; works whether or not the thread runs)."""
+        self.markers.append(Marker(time.time() if when is None else when, kind, label))
+
+    def sample_now(self) -> Any:
+        """Take one sample on the calling thread and return the Snapshot."""
+        snap = self._read()
+        self.latest = snap
+        self.samples.append(sample_from(snap))
+        return snap
+
+    # -- the thread
+    def _record(self, where: str, e: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{where}: {type(e).__name__}: {e}"
+
+    def _run(self, stop: threading.Event) -> None:
+        consecutive = 0
+        c0 = time.thread_time()
+        try:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    snap = self.sample_now()
+                    consecutive = 0
+                except Exception as e:  # never let a reading kill the thread or print
+                    self._record("sampling", e)
+                    consecutive += 1
+                    if consecutive >= MAX_CONSECUTIVE_ERRORS:
+                        self.stopped_reason = f"stopped after {consecutive} failed readings: {self.last_error}"
+                        break
+                    snap = None
+                if snap is not None:
+                    for fn in list(self._listeners):
+                        try:
+                            fn(snap, self)
+                        except Exception as e:
+                            self._record("monitor", e)
+                            self.remove_listener(fn)
+                self.cpu_seconds = time.thread_time() - c0
+                stop.wait(max(self.interval - (time.monotonic() - t0), 0.0))
+        except BaseException as e:  # pragma: no cover - interpreter shutdown
+            try:
+                self._record("sampler", e)
+            except BaseException:
+                pass
+        finally:
+            self.cpu_seconds = time.thread_time() - c0
+            for fn in list(self._listeners):
+                try:
+                    fn(None, self)  # tell monitors the sampler ended
+                except Exception:
+                    pass
+
+
+_SAMPLER: Optional[Sampler] = None
+_SAMPLER_LOCK = threading.Lock()
+
+
+def get_sampler() -> Sampler:
+    """The kernel's one sampler (created on first use, not started)."""
+    global _SAMPLER
+    with _SAMPLER_LOCK:
+        if _SAMPLER is None:
+            _SAMPLER = Sampler()
+            atexit.register(_SAMPLER.stop, "interpreter exit")
+        return _SAMPLER
