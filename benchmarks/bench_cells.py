@@ -1,0 +1,119 @@
+"""Per-cell cost of memory tracking, and CPU burned during an idle cell, side by side.
+
+    pip install --no-deps ipython_memory_usage memory_profiler ipyexperiments   # the tools compared
+    python benchmarks/bench_cells.py [--cells N]
+
+Each contender runs in a fresh interpreter with a real IPython shell, so one tool's hooks
+never touch another's:
+
+- no extension (the floor);
+- vramlab ``%vram auto on`` (a record after every cell, exact peaks);
+- ipython_memory_usage ``%imu_start``;
+- ipyexperiments' ``CellLogger`` (what ``IPyExperimentsCPU()`` starts in a kernel), CPU backend.
+
+It times N trivial cells (``pass``) and reports the added milliseconds per cell, then
+runs one ``time.sleep(2)`` cell and reports the process CPU seconds it burned. Output
+the tools print goes to a file, the same way for all. Last, it measures vramlab's
+sampler thread at 0.5 s and 0.1 s intervals, alone and with a live monitor attached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+
+SETUPS = {
+    "no extension": [],
+    "vramlab auto": ["%load_ext vramlab", "%vram auto on"],
+    "ipython_memory_usage": ["%load_ext ipython_memory_usage", "%imu_start"],
+    # IPyExperimentsCPU() needs a Jupyter kernel; its CellLogger runs in any IPython shell
+    "ipyexperiments CellLogger": ["import types; from ipyexperiments.cell_logger import CellLogger",
+                                  "cl = CellLogger(exp=types.SimpleNamespace(backend='cpu')).start()"],
+}
+
+CHILD = textwrap.dedent('''
+    import json, os, sys, time
+    setup, n = json.loads(sys.argv[1]), int(sys.argv[2])
+    from IPython.testing.globalipapp import start_ipython
+    ip = start_ipython()
+    sink = open(os.devnull, "w")
+    real = sys.stdout
+    sys.stdout = sink
+    try:
+        for line in setup:
+            r = ip.run_cell(line)
+            if not r.success:
+                raise SystemExit(f"setup failed: {line}")
+        for _ in range(20):
+            ip.run_cell("pass")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            ip.run_cell("pass")
+        per_cell = (time.perf_counter() - t0) / n
+        c0, w0 = time.process_time(), time.perf_counter()
+        ip.run_cell("import time; time.sleep(2)")
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    finally:
+        sys.stdout = real
+    print(json.dumps({"per_cell_s": per_cell, "sleep_cpu_s": cpu, "sleep_wall_s": wall}))
+''')
+
+SAMPLER = textwrap.dedent('''
+    import json, sys, time
+    interval, with_monitor, seconds = float(sys.argv[1]), sys.argv[2] == "1", float(sys.argv[3])
+    import vramlab
+    from vramlab.sampler import get_sampler
+    s = get_sampler()
+    if with_monitor:
+        m = vramlab.watch(interval)
+    else:
+        s.start(interval)
+    time.sleep(seconds)
+    s.stop()
+    print(json.dumps({"cpu_s": s.cpu_seconds, "wall_s": seconds, "samples": len(s.samples)}))
+''')
+
+
+def run_child(setup: list[str], n: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(setup), str(n)], capture_output=True, text=True,
+                       timeout=1800)
+    if r.returncode != 0:
+        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1][:120]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", type=int, default=300, help="trivial cells per contender")
+    ap.add_argument("--sampler-seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    res = {}
+    for name, setup in SETUPS.items():
+        n = args.cells if name != "ipython_memory_usage" else max(args.cells // 10, 20)
+        res[name] = run_child(setup, n)
+    base = res["no extension"]
+    print(f"{'per cell':<28}{'ms/cell':>10}{'added ms':>10}{'x floor':>9}{'CPU in 2 s sleep':>18}")
+    for name, r in res.items():
+        if "error" in r:
+            print(f"{name:<28}  not run: {r['error']}")
+            continue
+        added = (r["per_cell_s"] - base["per_cell_s"]) * 1000
+        print(f"{name:<28}{r['per_cell_s'] * 1000:>10.3f}{added:>10.3f}{r['per_cell_s'] / base['per_cell_s']:>9.2f}"
+              f"{r['sleep_cpu_s']:>16.3f} s")
+    print()
+    print(f"{'vramlab sampler':<28}{'interval':>10}{'CPU s':>9}{'wall s':>9}{'% of a core':>13}")
+    for interval in (0.5, 0.1):
+        for mon in (False, True):
+            r = subprocess.run([sys.executable, "-c", SAMPLER, str(interval), "1" if mon else "0",
+                                str(args.sampler_seconds)], capture_output=True, text=True, timeout=600)
+            d = json.loads(r.stdout.strip().splitlines()[-1])
+            label = "with live monitor" if mon else "sampler alone"
+            print(f"{label:<28}{interval:>10.1f}{d['cpu_s']:>9.3f}{d['wall_s']:>9.1f}"
+                  f"{100 * d['cpu_s'] / d['wall_s']:>12.2f}%")
+
+
+if __name__ == "__main__":
+    main()
