@@ -36,6 +36,8 @@ __all__ = [
     "free",
     "explain_oom",
     "CellRecord",
+    "pick_device",
+    "VirtualGPU",
     "format_bytes",
     "parse_size",
     "load_ipython_extension",
@@ -58,6 +60,8 @@ _LAZY = {
     "history": ("_history", "history"),
     "explain_oom": ("oom", "explain_oom"),
     "CellRecord": ("cells", "CellRecord"),
+    "pick_device": ("lab.device", "pick_device"),
+    "VirtualGPU": ("probes.virtual", "VirtualGPU"),
 }
 
 

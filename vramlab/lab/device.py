@@ -1,0 +1,177 @@
+"""``pick_device()``: one device switch for lessons that run on CUDA and on CPU alike.
+
+A lesson's first cell::
+
+    import vramlab
+    dev = vramlab.pick_device(virtual="T4")
+    dev                      # says which device, and what that means for the figures
+
+Then the same code runs on both:
+
+- ``dev.put(x)`` moves a tensor or module onto the device (``.to("cuda")`` on CUDA;
+  on the CPU it stays in host memory and is counted by the virtual GPU, ``adopt``);
+- ``with dev.measure() as m: ...`` measures a block: ``m.peak`` is the peak of
+  allocated bytes during it, ``m.peak_delta`` that peak minus the bytes allocated at its
+  start, ``m.wall_s`` its time. On CUDA it resets ``torch.cuda``'s peak counter (global)
+  and synchronises; on the CPU the virtual GPU is active inside the block, so every
+  storage created there is counted and its capacity enforced (``torch.OutOfMemoryError``);
+- ``dev.allocated()``, ``dev.capacity``, ``dev.cleanup()``, ``dev.large``.
+
+Set ``VRAMLAB_DEVICE=virtual`` to use the virtual GPU even where CUDA exists, and
+``VRAMLAB_SIZE=small|large`` to force a lesson's size switch. All sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+__all__ = ["LessonDevice", "Measurement", "pick_device"]
+
+LARGE_GPU = 40 * 2**30  # bytes: a card at least this big runs lessons at their large size
+
+
+@dataclass
+class Measurement:
+    """A measured block. Sizes in bytes; filled in when the block ends."""
+
+    start: int = 0
+    peak: int = 0
+    end: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def peak_delta(self) -> int:
+        """Peak allocated during the block minus allocated at its start."""
+        return self.peak - self.start
+
+
+class LessonDevice:
+    """The device a lesson runs on: a CUDA GPU, or a virtual GPU on the CPU (see module docs)."""
+
+    def __init__(self, virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True) -> None:
+        import torch
+
+        self._torch = torch
+        use_cuda = torch.cuda.is_available() and not force_virtual and os.environ.get("VRAMLAB_DEVICE") != "virtual"
+        self.virtual: Any = None
+        if use_cuda:
+            self.kind = "cuda"
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            props = torch.cuda.get_device_properties(self.device)
+            self.name = props.name
+            self.capacity = int(props.total_memory)
+        else:
+            from ..probes.virtual import VirtualGPU
+
+            self.kind = "virtual"
+            self.device = torch.device("cpu")
+            self.virtual = VirtualGPU(virtual, round_blocks=round_blocks)
+            self.name = self.virtual.name
+            self.capacity = self.virtual.capacity
+        size = os.environ.get("VRAMLAB_SIZE")
+        self.large = size == "large" if size in ("small", "large") else (self.is_cuda and self.capacity >= LARGE_GPU)
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether this is a real CUDA device."""
+        return self.kind == "cuda"
+
+    @property
+    def budget(self) -> int:
+        """Bytes tensors may use: the card's free memory on CUDA, the virtual budget on CPU."""
+        if self.is_cuda:
+            free, _total = self._torch.cuda.mem_get_info(self.device)
+            return int(free) + self.allocated()
+        return int(self.virtual.budget)
+
+    def allocated(self) -> int:
+        """Bytes in live tensors on the device now."""
+        if self.is_cuda:
+            return int(self._torch.cuda.memory_allocated(self.device))
+        return int(self.virtual.allocated)
+
+    def put(self, obj: Any) -> Any:
+        """Move a tensor or module onto the device; returns it (modules in place, like ``.to``)."""
+        if self.is_cuda:
+            return obj.to(self.device)
+        self.virtual.adopt(obj)
+        return obj
+
+    @contextmanager
+    def measure(self) -> Iterator[Measurement]:
+        """Measure the block's peak allocated bytes (see module docs)."""
+        m = Measurement()
+        torch = self._torch
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            m.start = self.allocated()
+            t0 = time.perf_counter()
+            try:
+                yield m
+            finally:
+                torch.cuda.synchronize(self.device)
+                m.wall_s = time.perf_counter() - t0
+                m.peak = int(torch.cuda.max_memory_allocated(self.device))
+                m.end = self.allocated()
+            return
+        gpu = self.virtual
+        entered = not gpu.active
+        if entered:
+            gpu.__enter__()
+        gpu.reset_peak()
+        m.start = gpu.allocated
+        t0 = time.perf_counter()
+        try:
+            yield m
+        finally:
+            m.wall_s = time.perf_counter() - t0
+            m.peak = gpu.peak
+            m.end = gpu.allocated
+            if entered:
+                gpu.__exit__(None, None, None)
+
+    def cleanup(self) -> None:
+        """Collect garbage and, on CUDA, return cached blocks to the driver."""
+        gc.collect()
+        if self.is_cuda:
+            self._torch.cuda.empty_cache()
+
+    def describe(self) -> str:
+        """What this device is, and what that means for the figures."""
+        from .._sizes import format_bytes
+
+        if self.is_cuda:
+            return (f"CUDA device {self.device}: {self.name}, {format_bytes(self.capacity)}. "
+                    "Figures are the real allocator's (torch.cuda.memory_allocated / max_memory_allocated)"
+                    + (", lessons use their large sizes." if self.large else "."))
+        ctx = self.virtual.context_overhead
+        ctx_text = (f"{format_bytes(ctx)} of it is set aside as a modelled CUDA context; " if ctx
+                    else "no CUDA context is modelled; ")
+        what = (f"a virtual {self.name} ({format_bytes(self.capacity)})" if self.virtual.preset
+                else f"a virtual GPU of {format_bytes(self.capacity)}")
+        return (f"No CUDA GPU here: {what} on the CPU. "
+                "It counts every tensor storage exactly and raises torch.OutOfMemoryError at its capacity, "
+                "so memory figures are what a card would allocate for these tensors (rounded to 512-byte "
+                f"blocks like CUDA's allocator); {ctx_text}the allocator's cache and cuBLAS workspaces are "
+                "not modelled, and timings are the CPU's, not a GPU's.")
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+def pick_device(virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True) -> LessonDevice:
+    """The lesson's device: CUDA when present, else a virtual GPU on the CPU.
+
+    Args:
+        virtual: the virtual GPU to use without CUDA: a preset name (``"T4"``) or a
+            capacity (``"256MiB"``, bytes). Ignored on CUDA.
+        force_virtual: use the virtual GPU even where CUDA exists (also ``VRAMLAB_DEVICE=virtual``).
+        round_blocks: round virtual allocations to 512-byte blocks, as CUDA's allocator does.
+    """
+    return LessonDevice(virtual, force_virtual=force_virtual, round_blocks=round_blocks)
