@@ -1,0 +1,162 @@
+"""GPU presets: memory capacity, memory bandwidth and host link of real GPUs, from datasheets.
+
+``get_preset("A100-80GB")`` looks a GPU up by name, case-insensitively, ignoring spaces,
+dashes and underscores (``"a100_80gb"``, ``"A100 80GB"``, ``"a100-80g"`` all work).
+:class:`~vramlab.VirtualGPU` and :func:`~vramlab.lab.estimate` accept these names.
+
+Units: ``memory`` in bytes, ``bandwidth`` and ``host_link_bandwidth`` in bytes per second
+(decimal, as datasheets give them: 1 GB/s = 10**9 B/s).
+
+Memory capacities. GPU datasheets write "16 GB" for what is 16 GiB of DRAM (memory dies
+come in binary sizes), so ``memory`` is the datasheet's figure in GiB: 16 GB -> 16 * 2**30
+bytes. The exceptions are stated beside their rows. What CUDA reports as the card's total
+(``torch.cuda.mem_get_info()``) is a little lower: the driver keeps memory for ECC and its
+own use. The real figure is what ``python -m vramlab.selftest`` reads on the card.
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["GPUPreset", "GPU_PRESETS", "CUDA_CONTEXT_OVERHEAD", "get_preset", "preset_names"]
+
+GiB = 2**30
+GB = 10**9
+
+#: Bytes a CUDA context takes on the card before any tensor: the driver's context, the
+#: kernels of torch's CUDA libraries loaded lazily, the cuBLAS workspace. This is an
+#: **assumption** (a typical figure for torch 2.x with CUDA 12 and lazy module loading is
+#: 300 to 600 MiB, depending on the GPU and the libraries used) until the GPU self-check
+#: measures it on the card in use: NVML's figure for the process minus torch's reserved
+#: bytes after the first kernel ran.
+CUDA_CONTEXT_OVERHEAD = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    """One GPU model.
+
+    Attributes:
+        name: the canonical name (``"A100-80GB"``).
+        memory: device memory in bytes.
+        memory_type: ``"HBM3"``, ``"GDDR6"``, ...
+        bandwidth: memory bandwidth in bytes per second.
+        host_link: how the GPU reaches host memory (``"PCIe 4.0 x16"``, ``"NVLink-C2C"``).
+        host_link_bandwidth: that link's bandwidth per direction, bytes per second.
+        context_overhead: bytes modelled for the CUDA context (:data:`CUDA_CONTEXT_OVERHEAD`).
+        aliases: other names it is found by.
+        source: the datasheet the figures come from.
+    """
+
+    name: str
+    memory: int
+    memory_type: str
+    bandwidth: int
+    host_link: str
+    host_link_bandwidth: int
+    context_overhead: int = CUDA_CONTEXT_OVERHEAD
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+    source: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The device kind the preset models: ``"cuda"``."""
+        return "cuda"
+
+
+# PCIe per-direction bandwidth of an x16 link: 3.0 ~16 GB/s, 4.0 ~32 GB/s, 5.0 ~64 GB/s
+# (PCI-SIG base specifications; NVIDIA datasheets give the bidirectional x16 figure,
+# e.g. "PCIe Gen4 x16: 64 GB/s").
+_PCIE3, _PCIE4, _PCIE5 = 16 * GB, 32 * GB, 64 * GB
+
+GPU_PRESETS: tuple[GPUPreset, ...] = (
+    # NVIDIA T4 Tensor Core GPU datasheet: 16 GB GDDR6, 320+ GB/s, PCIe Gen3 x16.
+    GPUPreset("T4", 16 * GiB, "GDDR6", 320 * GB, "PCIe 3.0 x16", _PCIE3,
+              aliases=("Tesla T4", "T4-16GB"), source="NVIDIA T4 datasheet"),
+    # NVIDIA L4 Tensor Core GPU datasheet: 24 GB GDDR6, 300 GB/s, PCIe Gen4 x16 64 GB/s.
+    GPUPreset("L4", 24 * GiB, "GDDR6", 300 * GB, "PCIe 4.0 x16", _PCIE4,
+              aliases=("L4-24GB",), source="NVIDIA L4 datasheet"),
+    # NVIDIA A10G (AWS EC2 G5 instances): 24 GB GDDR6; the A10 datasheet gives 600 GB/s
+    # and PCIe Gen4 x16 (AWS EC2 G5 instance page; NVIDIA A10 Tensor Core GPU datasheet).
+    GPUPreset("A10G", 24 * GiB, "GDDR6", 600 * GB, "PCIe 4.0 x16", _PCIE4,
+              aliases=("A10G-24GB", "A10"), source="AWS G5 page; NVIDIA A10 datasheet"),
+    # GeForce RTX 3090 specifications: 24 GB GDDR6X, 384-bit, 19.5 Gbps -> 936 GB/s, PCIe 4.0.
+    GPUPreset("RTX 3090", 24 * GiB, "GDDR6X", 936 * GB, "PCIe 4.0 x16", _PCIE4,
+              aliases=("3090", "GeForce RTX 3090"), source="NVIDIA GeForce RTX 3090 specifications"),
+    # GeForce RTX 4090 specifications: 24 GB GDDR6X, 384-bit, 21 Gbps -> 1008 GB/s, PCIe 4.0.
+    GPUPreset("RTX 4090", 24 * GiB, "GDDR6X", 1008 * GB, "PCIe 4.0 x16", _PCIE4,
+              aliases=("4090", "GeForce RTX 4090"), source="NVIDIA GeForce RTX 4090 specifications"),
+    # GeForce RTX 5090 specifications: 32 GB GDDR7, 512-bit, 28 Gbps -> 1792 GB/s, PCIe 5.0.
+    GPUPreset("RTX 5090", 32 * GiB, "GDDR7", 1792 * GB, "PCIe 5.0 x16", _PCIE5,
+              aliases=("5090", "GeForce RTX 5090"), source="NVIDIA GeForce RTX 5090 specifications"),
+    # GeForce RTX 4060 Laptop GPU specifications: 8 GB GDDR6, 128-bit, 16 Gbps -> 256 GB/s,
+    # PCIe 4.0 x8 (NVIDIA GeForce RTX 40 Series laptops specifications).
+    GPUPreset("RTX 4060 Laptop", 8 * GiB, "GDDR6", 256 * GB, "PCIe 4.0 x8", _PCIE4 // 2,
+              aliases=("4060 Laptop", "RTX 4060 Mobile", "laptop-8GB"),
+              source="NVIDIA GeForce RTX 40 Series laptop specifications"),
+    # NVIDIA V100 Tensor Core GPU datasheet: 16 or 32 GB HBM2, 900 GB/s (SXM2 and PCIe);
+    # host link PCIe Gen3 x16 (NVLink 2.0 links GPUs to GPUs, not to x86 hosts).
+    GPUPreset("V100-16GB", 16 * GiB, "HBM2", 900 * GB, "PCIe 3.0 x16", _PCIE3,
+              aliases=("V100", "Tesla V100", "V100-16"), source="NVIDIA V100 datasheet"),
+    GPUPreset("V100-32GB", 32 * GiB, "HBM2", 900 * GB, "PCIe 3.0 x16", _PCIE3,
+              aliases=("V100-32", "Tesla V100 32GB"), source="NVIDIA V100 datasheet"),
+    # NVIDIA A100 Tensor Core GPU datasheet: 40 GB HBM2 1,555 GB/s; 80 GB HBM2e 2,039 GB/s
+    # (SXM; 1,935 GB/s for the 80 GB PCIe card); PCIe Gen4 x16 64 GB/s.
+    GPUPreset("A100-40GB", 40 * GiB, "HBM2", 1555 * GB, "PCIe 4.0 x16", _PCIE4,
+              aliases=("A100-40", "A100 40GB"), source="NVIDIA A100 datasheet"),
+    GPUPreset("A100-80GB", 80 * GiB, "HBM2e", 2039 * GB, "PCIe 4.0 x16", _PCIE4,
+              aliases=("A100", "A100-80", "A100 80GB"), source="NVIDIA A100 datasheet"),
+    # NVIDIA H100 Tensor Core GPU datasheet: H100 SXM 80 GB HBM3, 3.35 TB/s; PCIe Gen5
+    # x16 128 GB/s.
+    GPUPreset("H100-80GB", 80 * GiB, "HBM3", 3350 * GB, "PCIe 5.0 x16", _PCIE5,
+              aliases=("H100", "H100-SXM", "H100 80GB"), source="NVIDIA H100 datasheet"),
+    # NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e, 4.8 TB/s; PCIe Gen5 x16 128 GB/s.
+    # 141 GB here is NVIDIA's figure read as GiB like the others; the cards report a total
+    # a little under 141 GiB (driver and ECC reservations).
+    GPUPreset("H200-141GB", 141 * GiB, "HBM3e", 4800 * GB, "PCIe 5.0 x16", _PCIE5,
+              aliases=("H200", "H200 141GB"), source="NVIDIA H200 datasheet"),
+    # NVIDIA GH200 Grace Hopper Superchip datasheet: 96 GB HBM3, 4 TB/s; the GPU reaches
+    # the Grace CPU's memory over NVLink-C2C, 900 GB/s total (450 GB/s per direction).
+    GPUPreset("GH200-96GB", 96 * GiB, "HBM3", 4000 * GB, "NVLink-C2C", 450 * GB,
+              aliases=("GH200",), source="NVIDIA GH200 datasheet"),
+    # NVIDIA DGX B200 / HGX B200 datasheet: 1,440 GB of HBM3e for 8 GPUs, i.e. 180 GB per
+    # GPU, 64 TB/s total, i.e. 8 TB/s per GPU; PCIe Gen5 x16 to the host.
+    GPUPreset("B200-180GB", 180 * GiB, "HBM3e", 8000 * GB, "PCIe 5.0 x16", _PCIE5,
+              aliases=("B200", "B200 180GB"), source="NVIDIA DGX B200 datasheet"),
+)
+
+
+def _norm(name: str) -> str:
+    s = re.sub(r"[\s_\-]+", "", name.strip().lower())
+    s = s.replace("nvidia", "").replace("geforce", "").replace("tesla", "") or s
+    return re.sub(r"(\d+)g(b)?$", r"\1gb", s)
+
+
+_INDEX: dict[str, GPUPreset] = {}
+for _p in GPU_PRESETS:
+    for _n in (_p.name, *_p.aliases):
+        _INDEX.setdefault(_norm(_n), _p)
+
+
+def preset_names() -> list[str]:
+    """The canonical preset names, in table order."""
+    return [p.name for p in GPU_PRESETS]
+
+
+def get_preset(name: str | GPUPreset) -> GPUPreset:
+    """The preset named ``name`` (case, spaces, dashes and underscores ignored).
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    if isinstance(name, GPUPreset):
+        return name
+    if not isinstance(name, str):
+        raise ValueError(f"a GPU preset name must be a string; got {name!r}")
+    p = _INDEX.get(_norm(name))
+    if p is None:
+        raise ValueError(f"unknown GPU preset {name!r}; known: {', '.join(preset_names())}")
+    return p
