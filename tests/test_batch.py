@@ -1,0 +1,162 @@
+"""find_max_batch_size: exact boundary on a step with closed-form memory, trial bound, cleanup, errors."""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vramlab.lab.batch import BatchSearch, find_max_batch_size, is_oom_error  # noqa: E402
+from vramlab.probes.virtual import VirtualGPU, active_virtual_gpu  # noqa: E402
+
+MiB = 2**20
+
+
+def closed_form_step(b: int) -> None:
+    """Holds a fixed 10 MiB and 1 MiB per sample at once: fits 256 MiB iff 10 + b <= 256."""
+    fixed = torch.empty(10 * MiB, dtype=torch.uint8)
+    per_sample = torch.empty(b * MiB, dtype=torch.uint8)
+    del fixed, per_sample
+
+
+def test_closed_form_step_on_256mib_gives_exactly_246():
+    r = find_max_batch_size(closed_form_step, device="256MiB")
+    assert isinstance(r, BatchSearch)
+    assert r.max_batch_size == 246
+    assert r.num_trials <= 2 * math.log2(246) + 2
+    fits = {t.batch for t in r.trials if t.fits}
+    ooms = {t.batch for t in r.trials if not t.fits}
+    assert 246 in fits and 247 in ooms, "the boundary itself was tried on both sides"
+    for t in r.trials:
+        if t.fits:
+            assert t.peak == (10 + t.batch) * MiB
+    assert not r.capped and r.notes == ()
+
+
+@pytest.mark.parametrize("capacity_mib,fixed_mib", [(64, 10), (100, 3), (1024, 1), (12, 10)])
+def test_exact_for_other_sizes_within_the_trial_bound(capacity_mib, fixed_mib):
+    def step(b):
+        a = torch.empty(fixed_mib * MiB, dtype=torch.uint8)
+        c = torch.empty(b * MiB, dtype=torch.uint8)
+        del a, c
+
+    r = find_max_batch_size(step, device=capacity_mib * MiB)
+    best = capacity_mib - fixed_mib
+    assert r.max_batch_size == best
+    assert r.num_trials <= 2 * math.log2(best) + 2
+
+
+def test_runs_inside_the_active_virtual_gpu_with_what_is_already_there():
+    with VirtualGPU("256MiB") as gpu:
+        fixed = torch.empty(10 * MiB, dtype=torch.uint8)  # a model that stays between trials
+        r = find_max_batch_size(lambda b: torch.empty(b * MiB, dtype=torch.uint8))
+        assert active_virtual_gpu() is gpu, "the finder leaves the user's device active"
+        assert gpu.allocated == 10 * MiB
+    assert r.max_batch_size == 246
+    assert r.device.startswith("virtual:0")
+    del fixed
+
+
+def test_a_virtual_gpu_instance_is_entered_for_each_trial():
+    gpu = VirtualGPU("256MiB")
+    r = find_max_batch_size(closed_form_step, device=gpu)
+    assert r.max_batch_size == 246
+    assert not gpu.active and gpu.allocated == 0
+    assert gpu.num_ooms == sum(1 for t in r.trials if not t.fits)
+
+
+def test_start_above_the_maximum_searches_down():
+    r = find_max_batch_size(closed_form_step, start=1000, device="256MiB")
+    assert r.max_batch_size == 246
+    assert r.trials[0].batch == 1000 and not r.trials[0].fits
+
+
+def test_limit_caps_the_search():
+    r = find_max_batch_size(closed_form_step, limit=100, device="256MiB")
+    assert r.max_batch_size == 100 and r.capped
+    assert max(t.batch for t in r.trials) == 100
+    r = find_max_batch_size(closed_form_step, limit=247, device="256MiB")
+    assert r.max_batch_size == 246 and not r.capped
+
+
+def test_nothing_fits():
+    r = find_max_batch_size(closed_form_step, device="8MiB")
+    assert r.max_batch_size == 0
+    assert r.num_trials == 1 and r.notes
+
+
+def test_a_failed_trials_tensors_are_freed_before_the_next_trial():
+    refs: list = []
+    seen_alive: list = []
+
+    def step(b):
+        seen_alive.append(sum(1 for r in refs if r() is not None))
+        fixed = torch.empty(10 * MiB, dtype=torch.uint8)
+        refs.append(weakref.ref(fixed))
+        per = torch.empty(b * MiB, dtype=torch.uint8)  # the OOM is raised here, with fixed alive
+        del per
+
+    r = find_max_batch_size(step, device="256MiB")
+    assert r.max_batch_size == 246
+    assert seen_alive == [0] * len(seen_alive), "the traceback of an OOM kept a tensor alive"
+
+
+def test_other_exceptions_are_reraised_unchanged_at_once():
+    calls: list[int] = []
+    err = KeyError("not memory")
+
+    def step(b):
+        calls.append(b)
+        if b >= 8:
+            raise err
+
+    with pytest.raises(KeyError) as ei:
+        find_max_batch_size(step, device="256MiB")
+    assert ei.value is err
+    assert calls == [1, 2, 4, 8], "no retry after a non-OOM error"
+    assert ei.traceback[-1].name == "step", "the traceback reaches the user's code"
+    assert active_virtual_gpu() is None
+    assert gc.get_freeze_count() == 0, "the collector is unfrozen whatever happens"
+
+
+def test_a_runtime_error_that_says_out_of_memory_is_an_oom():
+    def step(b):
+        if b > 5:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    r = find_max_batch_size(step, device="1GiB")
+    assert r.max_batch_size == 5
+    assert is_oom_error(torch.OutOfMemoryError("x"))
+    assert not is_oom_error(ValueError("out of memory"))
+
+
+def test_bad_arguments():
+    for bad in (0, -3, 1.5, True):
+        with pytest.raises(ValueError):
+            find_max_batch_size(closed_form_step, start=bad, device="1GiB")
+    with pytest.raises(ValueError):
+        find_max_batch_size(closed_form_step, limit=0, device="1GiB")
+    with pytest.raises(ValueError):
+        find_max_batch_size(closed_form_step, device="lots")
+    with pytest.raises(ValueError):
+        find_max_batch_size(closed_form_step, device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, device=None searches on it")
+def test_no_device_without_cuda_or_an_active_virtual_gpu():
+    with pytest.raises(ValueError, match="no device"):
+        find_max_batch_size(closed_form_step)
+
+
+def test_table_text_and_html():
+    r = find_max_batch_size(closed_form_step, device="T4", limit=4)
+    rows = r.table()
+    assert rows[0] == {"batch": 1, "fits": True, "peak": 11 * MiB}
+    assert [x["batch"] for x in rows] == [1, 2, 4]
+    assert "max batch size 4" in r.text() and "T4" in r.device
+    assert "<table>" in r._repr_html_()
+    assert r._repr_mimebundle_()["text/plain"] == r.text()
