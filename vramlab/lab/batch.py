@@ -166,39 +166,36 @@ class _Runner:
 
     def run(self, step_fn: Callable[[int], Any], batch: int) -> tuple[bool, Optional[int]]:
         """Run ``step_fn(batch)``; ``(fits, peak)``. Non-OOM exceptions propagate unchanged."""
-        fits = True
         if self.cuda is not None:
-            torch = self.torch
-            torch.cuda.synchronize(self.cuda)
-            torch.cuda.reset_peak_memory_stats(self.cuda)
-            try:
-                step_fn(batch)
-                torch.cuda.synchronize(self.cuda)
-            except Exception as e:
-                if not is_oom_error(e):
-                    raise
-                fits = False
-                _drop(e)
-                del e
-            return fits, int(torch.cuda.max_memory_allocated(self.cuda))
+            torch, dev = self.torch, self.cuda
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            fits = _attempt(lambda: (step_fn(batch), torch.cuda.synchronize(dev)))
+            return fits, int(torch.cuda.max_memory_allocated(dev))
         gpu = self.virtual if not self.fresh else self._new()
         entered = not gpu.active
         if entered:
             gpu.__enter__()
         try:
             gpu.reset_peak()
-            try:
-                step_fn(batch)
-            except Exception as e:
-                if not is_oom_error(e):
-                    raise
-                fits = False
-                _drop(e)
-                del e
+            fits = _attempt(lambda: step_fn(batch))
             return fits, gpu.peak
         finally:
             if entered:
                 gpu.__exit__(None, None, None)
+
+
+def _attempt(fn: Callable[[], Any]) -> bool:
+    """Run ``fn``: ``True`` when it returns, ``False`` on an OOM (dropped with its
+    traceback); any other exception propagates unchanged."""
+    try:
+        fn()
+    except Exception as e:
+        if not is_oom_error(e):
+            raise
+        _drop(e)
+        return False
+    return True
 
 
 def _drop(e: BaseException) -> None:
