@@ -138,7 +138,11 @@ class _Saved:
     __slots__ = ("t", "rec", "acct")
 
     def __init__(self, t: torch.Tensor, rec: _Rec, acct: "_Accountant") -> None:
-        self.t = t
+        # Detached: same storage, no grad_fn. Holding ``t`` itself would make a cycle
+        # (t -> grad_fn -> saved slot -> this -> t) that Python's GC cannot see through the
+        # autograd graph, so a forward that never reaches backward (an OOM midway, or
+        # inference with grad on) would leak its activations, in the books and in RAM.
+        self.t = t.detach()
         self.rec = rec
         self.acct = acct
         rec.saved += 1
