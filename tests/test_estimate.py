@@ -1,0 +1,180 @@
+"""estimate(): peak and breakdown under FakeTensorMode against the measured peak (VirtualGPU,
+MemTracker), the verdict against a device, and no real memory used."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from vramlab.lab import models  # noqa: E402
+from vramlab.lab.estimate import Estimate, estimate, measure  # noqa: E402
+from vramlab.lab.presets import CUDA_CONTEXT_OVERHEAD, get_preset  # noqa: E402
+from vramlab.probes.host import read_host  # noqa: E402
+from vramlab.probes.virtual import CATEGORIES  # noqa: E402
+
+CASES = {
+    "mlp": (models.make_mlp(), 64),
+    "cnn": (models.make_cnn(), 32),
+    "transformer": (models.make_gpt("tiny", seq=128), 4),
+}
+
+
+def memtracker_peak(triple, batch_size: int, optimizer: str, steps: int = 2) -> int:
+    """The same steps run for real under torch's MemTracker."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    build, make_batch, loss_fn = triple
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.Adam(model.parameters()) if optimizer == "adam" else None
+    mt = MemTracker()
+    mt.track_external(model, *( [opt] if opt else []))
+    with mt:
+        for _ in range(steps):
+            x, *targets = make_batch(batch_size)
+            loss_fn(model(x), *targets).backward()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+            del x, targets
+            mt.reset_mod_stats()
+    return mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("optimizer", [None, "adam"])
+def test_estimate_equals_the_virtual_gpu_measured_peak_within_1_percent(name, optimizer):
+    (build, make_batch, loss_fn), bs = CASES[name]
+    est = estimate(build, make_batch, batch_size=bs, optimizer=optimizer, loss_fn=loss_fn)
+    real = measure(build, make_batch, batch_size=bs, optimizer=optimizer, loss_fn=loss_fn)
+    assert isinstance(est, Estimate)
+    assert abs(est.peak - real.peak) <= 0.01 * real.peak
+    assert sum(est.breakdown.values()) == est.peak
+    assert list(est.breakdown) == list(CATEGORIES)
+    for k in CATEGORIES:
+        assert abs(est.breakdown[k] - real.breakdown[k]) <= 0.01 * real.peak, k
+    assert est.method.startswith("estimated") and real.method.startswith("measured")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_estimate_agrees_with_memtracker_within_3_percent(name):
+    triple, bs = CASES[name]
+    build, make_batch, loss_fn = triple
+    est = estimate(build, make_batch, batch_size=bs, optimizer="adam", loss_fn=loss_fn)
+    mt = memtracker_peak(triple, bs, "adam")
+    assert abs(est.peak - mt) <= 0.03 * mt
+
+
+def test_training_breakdown_has_every_category_where_expected():
+    (build, make_batch, loss_fn), bs = CASES["cnn"]
+    est = estimate(build, make_batch, batch_size=256, optimizer="adam", loss_fn=loss_fn)
+    params = sum(p.numel() * 4 for p in build().parameters())
+    assert est.breakdown["parameters"] == params
+    assert est.breakdown["buffers"] > 0, "BatchNorm running statistics"
+    assert est.breakdown["activations"] > est.breakdown["parameters"], "a large batch: activations dominate"
+    assert est.after >= 3 * params, "parameters and Adam's two moments stay after the step"
+    assert est.parameters == params // 4
+
+
+def test_inference_saves_no_activations_and_makes_no_gradients():
+    (build, make_batch, loss_fn), bs = CASES["transformer"]
+    est = estimate(build, make_batch, batch_size=bs, step="inference")
+    real = measure(build, make_batch, batch_size=bs, step="inference")
+    assert est.breakdown["activations"] == 0 and est.breakdown["gradients"] == 0
+    assert est.peak == real.peak
+    train = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn)
+    assert train.peak > est.peak
+
+
+def test_no_real_memory_is_used_for_a_huge_step():
+    # ~1.1B parameters in float32, a step that needs well over 16 GiB
+    build = lambda: models.MLP(inputs=4096, width=16384, depth=4)  # noqa: E731
+    make_batch = lambda b: (torch.randn(b, 4096), torch.randint(0, 10, (b,)))  # noqa: E731
+    before = read_host().process_rss
+    est = estimate(build, make_batch, batch_size=512, optimizer="adamw", loss_fn=nn.functional.cross_entropy,
+                   device="A100-80GB")
+    grown = read_host().process_rss - before
+    assert est.peak > 16 * 2**30
+    assert grown < 512 * 2**20, "fake tensors hold no data"
+    assert est.fits is True and est.device == "A100-80GB"
+    small = estimate(build, make_batch, batch_size=512, optimizer="adamw", loss_fn=nn.functional.cross_entropy,
+                     device="T4")
+    assert small.fits is False and small.headroom < 0
+    assert "does NOT fit on T4" in small.text()
+
+
+def test_verdict_against_sizes_presets_and_the_context():
+    (build, make_batch, loss_fn), bs = CASES["mlp"]
+    est = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn)
+    assert est.fits is None and est.device is None and est.budget is None
+    at = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, device=est.peak)
+    assert at.fits is True and at.headroom == 0
+    below = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, device=est.peak - 1)
+    assert below.fits is False
+    t4 = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, device="t4")
+    assert t4.device == "T4" and t4.capacity == get_preset("T4").memory
+    assert t4.budget == t4.capacity - CUDA_CONTEXT_OVERHEAD
+    assert t4.round_blocks and t4.peak % 512 == 0, "CUDA presets count 512-byte blocks"
+    assert t4.peak >= est.peak
+
+
+def test_preset_estimate_matches_the_virtual_gpu_of_that_preset():
+    (build, make_batch, loss_fn), bs = CASES["cnn"]
+    est = estimate(build, make_batch, batch_size=bs, optimizer="adam", loss_fn=loss_fn, device="T4")
+    real = measure(build, make_batch, batch_size=bs, optimizer="adam", loss_fn=loss_fn, device="T4")
+    assert abs(est.peak - real.peak) <= 0.01 * real.peak
+    assert real.round_blocks and est.fits == real.fits is True
+
+
+def test_dtype_halves_parameter_bytes():
+    (build, make_batch, loss_fn), bs = CASES["mlp"]
+    f32 = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, step="inference")
+    bf16 = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, step="inference", dtype=torch.bfloat16)
+    assert bf16.breakdown["parameters"] * 2 == f32.breakdown["parameters"]
+    assert bf16.dtype == "bfloat16"
+
+
+def test_optimizer_forms():
+    (build, make_batch, loss_fn), bs = CASES["mlp"]
+    by_name = estimate(build, make_batch, batch_size=bs, optimizer="adam", loss_fn=loss_fn)
+    by_class = estimate(build, make_batch, batch_size=bs, optimizer=torch.optim.Adam, loss_fn=loss_fn)
+    by_factory = estimate(build, make_batch, batch_size=bs, optimizer=lambda p: torch.optim.Adam(p), loss_fn=loss_fn)
+    assert by_name.peak == by_class.peak == by_factory.peak
+    sgd = estimate(build, make_batch, batch_size=bs, optimizer="sgd", loss_fn=loss_fn)
+    assert sgd.breakdown["optimizer_state"] == 0 and by_name.breakdown["optimizer_state"] > 0
+
+
+def test_bad_arguments():
+    (build, make_batch, loss_fn), bs = CASES["mlp"]
+    with pytest.raises(ValueError):
+        estimate(build, make_batch, batch_size=0)
+    with pytest.raises(ValueError):
+        estimate(build, make_batch, batch_size=1, step="eval")
+    with pytest.raises(ValueError, match="known"):
+        estimate(build, make_batch, batch_size=1, device="H900")
+    with pytest.raises(ValueError):
+        estimate(build, make_batch, batch_size=1, optimizer="lion")
+    with pytest.raises(TypeError):
+        estimate(build, make_batch, batch_size=1, optimizer=torch.optim.SGD(nn.Linear(1, 1).parameters()))
+    with pytest.raises(TypeError):
+        estimate(lambda: 3, make_batch, batch_size=1)
+
+
+def test_reports():
+    (build, make_batch, loss_fn), bs = CASES["mlp"]
+    est = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, device="L4")
+    assert "fits on L4" in est.text() and "activations" in est.text()
+    assert "<table>" in est._repr_html_()
+    assert "Estimate" in repr(est)
+    assert est._repr_mimebundle_()["text/plain"] == est.text()
+
+
+def test_tied_weights_stay_tied():
+    (build, make_batch, loss_fn), bs = CASES["transformer"]
+    real_model = build()
+    unique = {id(p): p for p in real_model.parameters()}
+    est = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, step="inference")
+    assert est.parameters == sum(p.numel() for p in unique.values())
+    assert est.breakdown["parameters"] == sum(p.nbytes for p in unique.values())
