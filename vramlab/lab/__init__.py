@@ -5,6 +5,7 @@
   peak and its breakdown without real memory, and whether it fits a preset.
 - :mod:`vramlab.lab.batch`: :func:`find_max_batch_size`, the exact largest batch that fits.
 - :mod:`vramlab.lab.models`: small reference models (MLP, CNN, GPT) for lessons and checks.
+- :mod:`vramlab.lab.device`: ``pick_device()``, CUDA when present, else a virtual GPU.
 
 The virtual GPU itself is :class:`vramlab.probes.virtual.VirtualGPU`.
 Importing this package does not import torch; ``estimate`` and ``find_max_batch_size``
