@@ -54,7 +54,14 @@ def build(name: str, timeout: int = 600) -> float:
     nb = parse((SRC / f"{name}.py").read_text())
     OUT.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(OUT)}}).execute()
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(OUT)}}).execute()
+    except Exception:
+        failed = ROOT / "artifacts" / f"{name}.failed.ipynb"
+        failed.parent.mkdir(exist_ok=True)
+        nbformat.write(nb, failed)
+        print(f"{name}: FAILED; the partly executed notebook is in {failed.relative_to(ROOT)}")
+        raise
     dt = time.perf_counter() - t0
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{name[:2]}-{i:03d}"

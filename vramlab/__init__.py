@@ -38,6 +38,10 @@ __all__ = [
     "CellRecord",
     "pick_device",
     "VirtualGPU",
+    "estimate",
+    "find_max_batch_size",
+    "GPU_PRESETS",
+    "lab",
     "format_bytes",
     "parse_size",
     "load_ipython_extension",
@@ -62,10 +66,17 @@ _LAZY = {
     "CellRecord": ("cells", "CellRecord"),
     "pick_device": ("lab.device", "pick_device"),
     "VirtualGPU": ("probes.virtual", "VirtualGPU"),
+    "estimate": ("lab.estimate", "estimate"),
+    "find_max_batch_size": ("lab.batch", "find_max_batch_size"),
+    "GPU_PRESETS": ("lab.presets", "GPU_PRESETS"),
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "lab":
+        import importlib
+
+        return importlib.import_module(".lab", __name__)
     if name in _LAZY:
         import importlib
 

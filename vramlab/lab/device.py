@@ -14,7 +14,9 @@ Then the same code runs on both:
   allocated bytes during it, ``m.peak_delta`` that peak minus the bytes allocated at its
   start, ``m.wall_s`` its time. On CUDA it resets ``torch.cuda``'s peak counter (global)
   and synchronises; on the CPU the virtual GPU is active inside the block, so every
-  storage created there is counted and its capacity enforced (``torch.OutOfMemoryError``);
+  storage created there is counted and its capacity enforced (``torch.OutOfMemoryError``).
+  On the virtual GPU, only what is created inside a ``measure()`` block or ``put()`` there
+  is on the card: run the step that creates an optimizer's state inside ``measure()`` too;
 - ``dev.allocated()``, ``dev.capacity``, ``dev.cleanup()``, ``dev.large``.
 
 Set ``VRAMLAB_DEVICE=virtual`` to use the virtual GPU even where CUDA exists, and
