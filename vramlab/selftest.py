@@ -9,7 +9,9 @@ On a CUDA machine it checks, in this order:
 4. allocating 1 GiB moves torch allocated by exactly 1 GiB, reserved and NVML's
    process-used by 1 GiB within the allocator's rounding;
 5. the layers of every device add up to its total;
-6. NVML free agrees with ``torch.cuda.mem_get_info``.
+6. NVML free agrees with ``torch.cuda.mem_get_info``;
+7. ``vramlab.estimate`` of a training step (MLP, CNN, small GPT; Adam) is within 5% of
+   ``torch.cuda.max_memory_allocated`` for the same step run for real.
 
 Exit status 1 when any check fails.
 """
@@ -69,7 +71,7 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
 
     nv = read_nvml()
     names = ["no context on read", "NVML vs nvidia-smi", "cuda:i is torch's cuda:i", "1 GiB allocation",
-             "layers sum to total", "NVML free vs mem_get_info"]
+             "layers sum to total", "NVML free vs mem_get_info", "estimate vs max_memory_allocated"]
     if nv.reason or not nv.devices:
         for n in names:
             add(n, None, f"skipped: {nv.reason or 'no NVIDIA device'}")
@@ -171,7 +173,48 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
         f"NVML free {format_bytes(d.free)} vs mem_get_info {format_bytes(free)} (diff {format_bytes(diff)})")
     del x
     torch.cuda.empty_cache()
+
+    # 7. the estimator against the real allocator
+    try:
+        add(names[6], *_estimate_check(torch))
+    except Exception as e:
+        add(names[6], False, f"{type(e).__name__}: {e}")
     return checks
+
+
+def _estimate_check(torch: object) -> tuple[bool, str]:
+    """Estimated peak vs measured peak on cuda:0 for three models; within 5% each."""
+    import torch as t
+
+    from .lab.estimate import estimate
+    from .lab.models import make_cnn, make_gpt, make_mlp
+
+    out = []
+    ok = True
+    for label, (build, batch, loss_fn), b in (("MLP", make_mlp(), 256), ("CNN", make_cnn(), 64),
+                                              ("GPT small", make_gpt("small", seq=256), 4)):
+        est = estimate(build, batch, batch_size=b, optimizer="adam", loss_fn=loss_fn, device="H100-80GB")
+        t.cuda.synchronize()
+        t.cuda.empty_cache()
+        t.cuda.reset_peak_memory_stats()
+        base = t.cuda.memory_allocated()  # the estimate counts the model's parameters too
+        model = build().cuda()
+        opt = t.optim.Adam(model.parameters(), foreach=True)
+        for _ in range(est.steps):
+            inputs, *targets = (v.cuda() for v in batch(b))
+            l = loss_fn(model(inputs), *targets)
+            opt.zero_grad(set_to_none=True)
+            l.backward()
+            opt.step()
+            del inputs, targets, l
+        t.cuda.synchronize()
+        real = t.cuda.max_memory_allocated() - base
+        err = (est.peak - real) / real
+        ok = ok and abs(err) <= 0.05
+        out.append(f"{label} {err:+.1%}")
+        del model, opt
+        t.cuda.empty_cache()
+    return ok, "estimate vs measured: " + ", ".join(out)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
