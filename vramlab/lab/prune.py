@@ -19,6 +19,7 @@ All sizes are in bytes.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Optional
 
 import torch
@@ -78,7 +79,9 @@ def sparse_bytes(t: torch.Tensor, layout: str = "csr") -> int:
     row pointers) or ``"coo"`` (values and an int64 index per dimension)."""
     t = t.detach()
     if layout == "csr":
-        s = t.to_sparse_csr()
+        with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
+            warnings.simplefilter("ignore")
+            s = t.to_sparse_csr()
         parts = (s.values(), s.col_indices(), s.crow_indices())
     elif layout == "coo":
         s = t.to_sparse().coalesce()
