@@ -1,0 +1,83 @@
+"""vramlab.lab.hparams: polynomial fits, the feasible grid, ConvNet and written-out attention."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from vramlab.lab.hparams import ConvNet, Grid, feasible_grid, naive_attention, polyfit  # noqa: E402
+from vramlab.probes.virtual import VirtualGPU  # noqa: E402
+
+
+def test_polyfit_exact_and_r2():
+    f = polyfit([1, 2, 3, 4], [3, 5, 7, 9], 1)
+    assert f.coeffs == pytest.approx((2.0, 1.0)) and f.r2 == pytest.approx(1.0)
+    assert f(10) == pytest.approx(21.0)
+    q = polyfit([1, 2, 3, 4, 5], [1, 4, 9, 16, 25], 2)
+    assert q.coeffs[0] == pytest.approx(1.0)
+    noisy = polyfit([1, 2, 3, 4], [1, 3, 2, 4], 1)
+    assert 0 < noisy.r2 < 1
+    with pytest.raises(ValueError):
+        polyfit([1, 2], [1, 2], 2)
+
+
+def test_feasible_grid_budget_oom_and_pruning():
+    calls = []
+
+    def step(r, c):
+        calls.append((r, c))
+        if r * c > 12:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        return r * c * 10
+
+    g = feasible_grid(step, [1, 2, 3, 4, 5], [1, 2, 3], budget=60)
+    assert isinstance(g, Grid)
+    assert g.peak[0] == (10, 20, 30) and g.peak[4][0] == 50
+    assert g.feasible.tolist()[2] == [True, True, False]  # 90 > budget
+    assert (4, 3) not in calls and (5, 3) not in calls  # pruned after the first infeasible row
+    assert g.frontier() == [5, 3, 2]
+    assert g.count == 5 + 3 + 2
+
+
+def test_feasible_grid_reraises_other_errors():
+    def step(r, c):
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        feasible_grid(step, [1], [1], budget=1)
+
+
+def test_feasible_grid_on_a_virtual_gpu_catches_real_ooms():
+    gpu = VirtualGPU("8MiB")
+
+    def step(n, _):
+        with gpu:
+            gpu.reset_peak()
+            t = torch.empty(n * 2**20, dtype=torch.uint8)
+            del t
+        return gpu.peak
+
+    g = feasible_grid(step, [1, 2, 4, 16], [0], budget=8 * 2**20)
+    assert g.frontier() == [4] and g.peak[3][0] is None and gpu.allocated == 0
+
+
+def test_convnet_shapes_and_checkpointing_saves_memory():
+    x = torch.randn(4, 3, 64, 64)
+    for width in (1, 2):
+        assert ConvNet(width)(x).shape == (4, 10)
+    peaks = {}
+    for ck in (False, True):
+        torch.manual_seed(0)
+        model = ConvNet(1, checkpoint=ck)
+        gpu = VirtualGPU("1GiB")
+        with gpu:
+            F.cross_entropy(model(x), torch.zeros(4, dtype=torch.long)).backward()
+        peaks[ck] = gpu.peak
+    assert peaks[True] < peaks[False]
+
+
+def test_naive_attention_matches_sdpa():
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    assert torch.allclose(naive_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-5)
