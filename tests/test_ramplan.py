@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import mmap
 
 import numpy as np
 import pytest
@@ -60,9 +61,14 @@ def test_plan_rejects_bad_arguments():
 
 def test_peak_rss_during_sees_a_transient_array():
     def job():
-        a = np.ones(64 * MiB // 8)
+        # an anonymous mapping, every page written: new resident memory whatever the heap
+        # already holds (a malloc could be served from freed, still-resident heap pages)
+        m = mmap.mmap(-1, 64 * MiB)
+        a = np.frombuffer(m, dtype=np.uint8)
+        a[::4096] = 1
         s = float(a[::4096].sum())
         del a
+        m.close()
         return s
 
     result, peak = peak_rss_during(job)
