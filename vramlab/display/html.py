@@ -35,6 +35,8 @@ COLOURS: dict[str, str] = {
 }
 
 _WARN = 0.90
+# JupyterLab stripes and highlights table rows (a grey band on every other row); ours are a layout
+_TR = '<tr style="background:transparent">'
 
 
 def html_bar(layers: tuple[tuple[str, int], ...], labels: dict[str, str], width_px: int = 320) -> str:
@@ -84,7 +86,7 @@ def snapshot_html(s: Snapshot) -> str:
     swap = (f"swap {format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}" if h.swap_total
             else "no swap")
     rows.append(
-        f"<tr><td {td}><b>host</b><br><small>limit {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}</small></td>"
+        f"{_TR}<td {td}><b>host</b><br><small>limit {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}</small></td>"
         f"<td {td}>{html_bar(h.layers, HOST_LAYERS)}"
         f'<div style="font-size:90%;margin-top:3px">{_legend(h.layers, HOST_LAYERS, h.limit, ("out_of_reach",))}</div>'
         f'<div style="font-size:90%">peak RSS {peak} · {swap}'
@@ -114,9 +116,9 @@ def snapshot_html(s: Snapshot) -> str:
             if d.num_ooms:
                 extra += f" · OOMs {d.num_ooms}"
             body += f'<div style="font-size:90%">{extra}</div>'
-        rows.append(f"<tr><td {td}>{title}</td><td {td}>{body}</td></tr>")
+        rows.append(f"{_TR}<td {td}>{title}</td><td {td}>{body}</td></tr>")
     if not s.devices:
-        rows.append(f"<tr><td {td}><b>accelerators</b></td><td {td}>none</td></tr>")
+        rows.append(f"{_TR}<td {td}><b>accelerators</b></td><td {td}>none</td></tr>")
     notes = ""
     if s.notes:
         notes = ('<div style="font-size:85%;opacity:0.8;margin-top:4px">'

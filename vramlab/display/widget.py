@@ -9,7 +9,16 @@ Update rules: the sampler thread calls the monitor after each sample; the monito
 re-renders at most :data:`MAX_UPDATES_PER_S` times a second and assigns a child's
 ``value`` only when the text changed (so an idle machine sends nothing). Each value
 stays under 8 KB. ``repr`` is short and stable; the display bundle also carries a
-static ``text/html`` of the latest reading for saved notebooks and nbconvert.
+static ``text/html`` copy of the latest reading (``vramlab-monitor-static``).
+
+Saved notebooks: a viewer without a live kernel cannot draw the widget. nbconvert shows
+the static copy when the notebook holds no widget state (as JupyterLab saves it by
+default), but picks the widget whenever the state was saved (as nbclient and
+``nbconvert --execute`` do), and that needs the widget scripts from a CDN: offline, on
+GitHub and anywhere scripts do not run, the output is blank. So, in a kernel, the monitor
+is displayed with a display id and, when the sampler stops, every output of it is
+replaced (``update_display``) by the static copy of its last reading, which then is what
+the notebook saves; when the sampler starts again the live widget comes back.
 """
 
 from __future__ import annotations
@@ -17,18 +26,22 @@ from __future__ import annotations
 import html as _html
 import threading
 import time
+import uuid
 from typing import Any, Optional
 
 import ipywidgets as widgets
 
 from .._sizes import format_bytes
-from .html import COLOURS, html_bar, snapshot_html
+from .html import COLOURS, html_bar
+from .text import snapshot_text
 
 __all__ = ["Monitor", "bars_html", "sparkline_svg", "MAX_UPDATES_PER_S", "WINDOW_S"]
 
 MAX_UPDATES_PER_S = 4
 WINDOW_S = 300.0  # seconds of history in the sparkline
 SPARK_POINTS = 120
+MIN_SPAN_S = 30.0  # the sparkline's shortest time axis, while there is less history than WINDOW_S
+_Y_TOPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the sparkline's y axis ends at the first that fits
 _WARN = 0.90
 _DEV_LABELS = {"tensors": "tensors", "torch_cache": "torch cache", "context": "context & non-torch",
                "unattributed": "unattributed", "other_processes": "other processes",
@@ -36,22 +49,36 @@ _DEV_LABELS = {"tensors": "tensors", "torch_cache": "torch cache", "context": "c
 _HOST_LABELS = {"process": "this process", "others": "others", "out_of_reach": "out of reach", "available": "available"}
 
 
+def _swatch(colour: str) -> str:
+    # a bordered square, so that the pale "free" fill stays visible on dark backgrounds
+    return (f'<span style="display:inline-block;width:9px;height:9px;background:{colour};'
+            'border:1px solid rgba(127,127,127,0.6);margin-right:4px;vertical-align:-1px"></span>')
+
+
+def _nowrap(text: str) -> str:
+    # "1014.58 MiB / 23.54 GiB" on one line: a figure and its unit never part
+    return f'<span style="white-space:nowrap">{text}</span>'
+
+
 def _legend(layers: tuple[tuple[str, int], ...], labels: dict[str, str]) -> str:
     parts = []
     for key, n in layers:
         if n == 0 and key in ("driver_reserved", "unattributed", "out_of_reach"):
             continue
-        parts.append(f'<span style="white-space:nowrap"><span style="color:{COLOURS.get(key, "#888")}">■</span> '
-                     f"{labels[key]} {format_bytes(n)}</span>")
-    return " · ".join(parts)
+        parts.append(f'<span style="white-space:nowrap;margin-right:12px">{_swatch(COLOURS.get(key, "#888"))}'
+                     f"{labels[key]} <b>{format_bytes(n)}</b></span>")
+    return "".join(parts)
 
 
 def _row(title: str, sub: str, bar: str, legend: str, warn: bool) -> str:
     colour = "color:#e15759;" if warn else ""
-    return (f'<div style="display:flex;align-items:flex-start;gap:8px;margin:3px 0">'
-            f'<div style="min-width:118px;{colour}"><b>{_html.escape(title)}</b><br>'
-            f'<span style="font-size:85%;opacity:0.85">{sub}</span></div>'
-            f'<div style="flex:1;min-width:0">{bar}<div style="font-size:85%;margin-top:2px">{legend}</div></div></div>')
+    sub_html = f'<div style="font-size:11px;opacity:0.8">{sub}</div>' if sub else ""
+    bar_html = f'<div style="margin-top:2px">{bar}</div>' if bar else ""
+    legend_top = "margin-top:3px" if bar else "margin-top:1px"  # a row without a bar: level with its title
+    return (f'<div style="display:flex;align-items:flex-start;gap:10px;margin:0 0 6px 0">'
+            f'<div style="flex:0 0 150px;{colour}"><b>{_html.escape(title)}</b>{sub_html}</div>'
+            f'<div style="flex:1 1 auto;min-width:0">{bar_html}'
+            f'<div style="font-size:11.5px;{legend_top}">{legend}</div></div></div>')
 
 
 def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str:
@@ -62,27 +89,30 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
             continue
         used = 1.0 - d.layer("free") / d.total if d.total else 0.0
         warn = used >= _WARN
-        sub = _html.escape(d.name or "") + f"<br>{format_bytes(d.total - d.layer('free'))} / {format_bytes(d.total)}"
+        sub = _html.escape(d.name or "") + "<br>" + _nowrap(f"{format_bytes(d.total - d.layer('free'))} / "
+                                                           f"{format_bytes(d.total)}")
         sub += " ⚠" if warn else ""
         rows.append(_row(d.id, sub, html_bar(d.layers, _DEV_LABELS, width_px=300), _legend(d.layers, _DEV_LABELS), warn))
     h = snap.host
     used = 1.0 - h.layer("available") / h.limit if h.limit else 0.0
     warn = used >= _WARN
-    sub = f"{format_bytes(h.limit - h.layer('available'))} / {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}"
+    sub = (_nowrap(f"{format_bytes(h.limit - h.layer('available'))} / {format_bytes(h.limit)}")
+           + f"<br>{_html.escape(h.limit_source)}")
     rows.append(_row("host RAM", sub + (" ⚠" if warn else ""), html_bar(h.layers, _HOST_LABELS, width_px=300),
                      _legend(h.layers, _HOST_LABELS), warn))
     if h.swap_total:
         sw_layers = (("process", h.swap_used or 0), ("available", h.swap_total - (h.swap_used or 0)))
         rate = ""
         if swap_rate is not None:
-            rate = f"in {format_bytes(swap_rate[0])}/s · out {format_bytes(swap_rate[1])}/s"
+            rate = f"paging in {format_bytes(swap_rate[0])}/s · out {format_bytes(swap_rate[1])}/s"
         warn = (h.swap_used or 0) / h.swap_total >= _WARN
-        rows.append(_row("swap", f"{format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}",
+        rows.append(_row("swap", _nowrap(f"{format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}"),
                          html_bar(sw_layers, {"process": "used", "available": "free"}, width_px=300),
                          rate or "paging: n/a", warn))
     else:
-        rows.append(_row("swap", "none", "", "no swap space configured", False))
-    return f'<div style="font-size:12px;color:inherit">{"".join(rows)}</div>'
+        rows.append(_row("swap", "", "", "none configured", False))
+    # line-height: a widget's HTML view sets a 28 px line height, which would space the lines apart
+    return f'<div style="font-size:12.5px;line-height:1.35;color:inherit;margin-top:6px">{"".join(rows)}</div>'
 
 
 def _downsample(points: list[tuple[float, float]], n: int) -> list[tuple[float, float]]:
@@ -96,11 +126,24 @@ def _downsample(points: list[tuple[float, float]], n: int) -> list[tuple[float, 
     return out
 
 
+def _span_label(span: float) -> str:
+    return f"{span:.0f} s" if span < 120 else f"{span / 60:.0f} min"
+
+
 def sparkline_svg(samples: list[Any], markers: list[Any], now: float, window_s: float = WINDOW_S,
-                  width: int = 420, height: int = 56) -> str:
-    """An inline SVG of the last ``window_s`` seconds: each series as a fraction of its capacity."""
-    t0 = now - window_s
-    recent = [s for s in samples if s.time >= t0]
+                  width: int = 420, height: int = 58) -> str:
+    """An inline SVG of the last ``window_s`` seconds: each series as a fraction of its capacity.
+
+    With less history than ``window_s`` the time axis spans what there is (at least
+    :data:`MIN_SPAN_S`), so a new monitor does not squeeze its line into the right edge. The
+    y axis ends at the first of 1, 2, 5, 10, 20, 50, 100 % that holds every point, so a small
+    process on a large machine still shows its rises; the label says where it ends.
+    """
+    recent = [s for s in samples if s.time >= now - window_s]
+    span = window_s
+    if recent:
+        span = min(window_s, max(now - recent[0].time, MIN_SPAN_S))
+    t0 = now - span
     series: list[tuple[str, str, list[tuple[float, float]]]] = []
     if recent:
         series.append(("host RSS", COLOURS["process"],
@@ -115,22 +158,29 @@ def sparkline_svg(samples: list[Any], markers: list[Any], now: float, window_s: 
             pts = [(s.time, d[3] / d[4]) for s in recent for d in s.devices
                    if d[0] == id_ and d[3] is not None and d[4]]
             series.append((f"{id_} used", palette[k % len(palette)], pts))
-    plot_h = height - 14
+    peak = max((f for _, _, pts in series for _, f in pts), default=0.0)
+    top = next((t for t in _Y_TOPS if peak <= t), 1.0)
+    plot_h = height - 16
+
+    def y_of(f: float) -> float:
+        return plot_h - min(max(f / top, 0.0), 1.0) * (plot_h - 3) - 1.5
 
     def xy(t: float, f: float) -> str:
-        x = (t - t0) / window_s * width
-        y = plot_h - min(max(f, 0.0), 1.0) * (plot_h - 2) - 1
-        return f"{x:.0f},{y:.0f}"
+        x = (t - t0) / span * width
+        return f"{x:.1f},{y_of(f):.1f}"
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'style="border:1px solid rgba(127,127,127,0.5);border-radius:3px">']
-    y90 = plot_h - 0.9 * (plot_h - 2) - 1
-    parts.append(f'<line x1="0" y1="{y90:.0f}" x2="{width}" y2="{y90:.0f}" stroke="#e15759" stroke-opacity="0.35" '
-                 'stroke-dasharray="3,3"/>')
+             f'style="display:block;border:1px solid rgba(127,127,127,0.5);border-radius:3px;margin-top:2px">']
+    if top >= 1.0:  # the 90 % line only where the axis reaches it
+        y90 = y_of(0.9)
+        parts.append(f'<line x1="0" y1="{y90:.0f}" x2="{width}" y2="{y90:.0f}" stroke="#e15759" '
+                     'stroke-opacity="0.45" stroke-dasharray="3,3"/>')
+    parts.append(f'<line x1="0" y1="{plot_h + 0.5}" x2="{width}" y2="{plot_h + 0.5}" '
+                 'stroke="rgba(127,127,127,0.35)"/>')
     for m in markers:
         if m.time < t0:
             continue
-        x = (m.time - t0) / window_s * width
+        x = (m.time - t0) / span * width
         colour = "#e15759" if m.kind == "oom" else "rgba(127,127,127,0.6)"
         w = 2 if m.kind == "oom" else 1
         parts.append(f'<line x1="{x:.0f}" y1="0" x2="{x:.0f}" y2="{plot_h}" stroke="{colour}" stroke-width="{w}">'
@@ -142,8 +192,9 @@ def sparkline_svg(samples: list[Any], markers: list[Any], now: float, window_s: 
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                          f'points="{" ".join(xy(t, f) for t, f in pts)}"/>')
         legend.append(f'<tspan fill="{colour}">■</tspan><tspan fill="currentColor"> {_html.escape(label)}  </tspan>')
-    parts.append(f'<text x="2" y="{height - 3}" font-size="10" fill="currentColor">'
-                 f'{"".join(legend)}<tspan fill="currentColor">· last {window_s / 60:.0f} min, % of capacity</tspan></text>')
+    parts.append(f'<text x="4" y="{height - 4}" font-size="10.5" fill="currentColor">'
+                 f'{"".join(legend)}<tspan fill="currentColor" fill-opacity="0.8">· last {_span_label(span)}, '
+                 f'0–{top:.0%} of capacity</tspan></text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -163,6 +214,8 @@ class Monitor(widgets.VBox):
         self._last_push = 0.0
         self._last_spark_key: Any = None
         self._error_shown: Optional[str] = None
+        self._display_id: Optional[str] = None  # set when displayed in a kernel (see module docs)
+        self._shown = "live"  # what the outputs of this monitor show: "live" or "static"
         self.updates = 0  # renders pushed (for tests and benchmarks)
         self._latest: Any = sampler.latest
         sampler.add_listener(self._on_sample)
@@ -173,8 +226,11 @@ class Monitor(widgets.VBox):
     def _on_sample(self, snap: Any, sampler: Any) -> None:
         if snap is None:
             self._set(self._status, self._status_html(stopped=True))
+            self._swap("static")
             return
         self._latest = snap
+        if self._shown != "live":
+            self._swap("live")
         now = time.monotonic()
         if now - self._last_push < 1.0 / MAX_UPDATES_PER_S - 1e-3:
             return
@@ -243,12 +299,67 @@ class Monitor(widgets.VBox):
     def _repr_mimebundle_(self, **kwargs: Any) -> Optional[dict[str, Any]]:
         data = super()._repr_mimebundle_(**kwargs) or {"text/plain": repr(self)}
         data["text/plain"] = repr(self)
-        snap = self._sampler.latest
-        if snap is not None:
-            data["text/html"] = ('<div class="vramlab-monitor-static">' + snapshot_html(snap)
-                                 + '<div style="font-size:85%;opacity:0.8">static copy of the live vramlab monitor'
-                                   "</div></div>")
+        if self._snap() is not None:
+            data["text/html"] = self.static_html()
         return data
+
+    def _snap(self) -> Any:
+        return self._sampler.latest if self._sampler.latest is not None else self._latest
+
+    def static_html(self, stopped: bool = False) -> str:
+        """A self-contained copy of the monitor's latest reading (class ``vramlab-monitor-static``)."""
+        snap = self._snap()
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
+        if stopped:
+            status = self._status_html(stopped=True).replace("</span>", f" · last reading {when}</span>", 1)
+        else:
+            status = (f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · static copy of the live monitor, '
+                      f"reading of {when}</span>")
+        spark = sparkline_svg(list(self._sampler.samples), list(self._sampler.markers), snap.time, self._window_s)
+        return (f'<div class="vramlab-monitor-static" style="color:inherit;padding:2px 0">{status}'
+                f"{bars_html(snap, self._swap_rate())}{spark}</div>")
+
+    def _ipython_display_(self) -> None:
+        """Display the widget with a display id, so that a stop can leave the static copy in its place."""
+        from IPython.display import display
+
+        if self._display_id is None and _in_kernel():
+            self._display_id = f"vramlab-monitor-{uuid.uuid4().hex}"
+        # shown again while stopped: the static copy, like its other outputs
+        bundle = self._frozen_bundle() if self._shown == "static" else self._repr_mimebundle_()
+        if self._display_id is None:
+            display(bundle, raw=True)
+        else:
+            display(bundle, raw=True, display_id=self._display_id)
+
+    def _swap(self, to: str) -> None:
+        """Make every output of this monitor show the live widget or (``"static"``) the frozen copy."""
+        if self._display_id is None or self._shown == to or (to == "static" and self._snap() is None):
+            return
+        try:
+            from IPython.display import update_display
+
+            bundle = self._frozen_bundle() if to == "static" else self._repr_mimebundle_()
+            update_display(bundle, raw=True, display_id=self._display_id)
+            self._shown = to
+        except Exception:  # never raise into the sampler thread (or at interpreter exit)
+            pass
+
+    def _frozen_bundle(self) -> dict[str, str]:
+        """What a stopped monitor's outputs hold: its last reading, with no widget."""
+        return {"text/plain": "<vramlab monitor: stopped>\n" + snapshot_text(self._snap()),
+                "text/html": self.static_html(stopped=True)}
+
+
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where display ids reach a frontend)."""
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+    except Exception:
+        return False
+    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 def _spark_key(last: list[Any]) -> Any:
