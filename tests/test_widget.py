@@ -54,13 +54,7 @@ def comm_log(monkeypatch):
     yield RecordingComm.log
 
 
-def wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
+from test_sampler import wait_for  # noqa: E402
 
 
 def make_monitor(interval=0.05):

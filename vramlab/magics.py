@@ -315,7 +315,3 @@ def unload(ip: Any) -> None:
     if s is not None:
         s.get_sampler().stop("extension unloaded")
 
-
-def registered(ip: Optional[Any]) -> bool:
-    """Whether the magics are loaded on ``ip``."""
-    return ip is not None and id(ip) in _REGISTERED

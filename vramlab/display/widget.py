@@ -32,6 +32,7 @@ from typing import Any, Optional
 import ipywidgets as widgets
 
 from .._sizes import format_bytes
+from .._snapshot import DEVICE_LAYERS, HOST_LAYERS
 from .html import COLOURS, html_bar
 from .text import snapshot_text
 
@@ -43,10 +44,8 @@ SPARK_POINTS = 120
 MIN_SPAN_S = 30.0  # the sparkline's shortest time axis, while there is less history than WINDOW_S
 _Y_TOPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the sparkline's y axis ends at the first that fits
 _WARN = 0.90
-_DEV_LABELS = {"tensors": "tensors", "torch_cache": "torch cache", "context": "context & non-torch",
-               "unattributed": "unattributed", "other_processes": "other processes",
-               "driver_reserved": "driver reserved", "free": "free"}
-_HOST_LABELS = {"process": "this process", "others": "others", "out_of_reach": "out of reach", "available": "available"}
+_DEV_LABELS = DEVICE_LAYERS
+_HOST_LABELS = HOST_LAYERS
 
 
 def _swatch(colour: str) -> str:

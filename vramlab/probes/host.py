@@ -46,12 +46,14 @@ class CgroupLimit:
             in bytes, or ``None`` when unreadable.
         source: where the limit came from, e.g. ``"cgroup v2 memory.max (/user.slice)"``.
         version: 1 or 2.
+        usage_file: the path of the usage file read for ``usage``.
     """
 
     limit: Optional[int]
     usage: Optional[int]
     source: str
     version: int
+    usage_file: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,8 @@ def find_cgroup_limit(
                 continue
             if value is not None and (best is None or value < best):
                 best, best_dir = value, d
-        usage_text = read(os.path.join(chain[0], usage_file))
+        usage_path = os.path.join(chain[0], usage_file)
+        usage_text = read(usage_path)
         usage = None
         if usage_text is not None:
             try:
@@ -219,7 +222,8 @@ def find_cgroup_limit(
             except ValueError:
                 usage = None
         source = f"cgroup v{version} {limit_file} ({_cg_rel(best_dir, chain[-1])})"
-        return CgroupLimit(limit=best, usage=usage, source=source, version=version)
+        return CgroupLimit(limit=best, usage=usage, source=source, version=version,
+                           usage_file=usage_path if usage_text is not None else None)
     return None
 
 
@@ -237,14 +241,13 @@ def _read_text(path: str) -> Optional[str]:
 
 
 class _CgroupFiles:
-    """The limit and usage files to read for this process, found once per process."""
+    """This process's cgroup, found once per process; its limit is read with
+    :func:`find_cgroup_limit` (the parser the tests check on copies of real files)."""
 
     def __init__(self) -> None:
         self.resolved = False
-        self.limit_files: list[str] = []
         self.usage_file: Optional[str] = None
-        self.version = 0
-        self.sources: list[str] = []
+        self._texts: Optional[tuple[str, str]] = None
         self._limit: tuple[Optional[int], str] = (None, "")
         self._limit_time = -float("inf")
 
@@ -256,19 +259,9 @@ class _CgroupFiles:
         mi = _read_text("/proc/self/mountinfo")
         if not cg or not mi:
             return
-        for version, chain, _path in _cgroup_dirs(cg, mi, os.path.isdir):
-            limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
-            usage_file = "memory.current" if version == 2 else "memory.usage_in_bytes"
-            files = [os.path.join(d, limit_file) for d in chain if os.path.exists(os.path.join(d, limit_file))]
-            if not files:
-                continue
-            self.version = version
-            self.limit_files = files
-            self.sources = [f"cgroup v{version} {limit_file} ({_cg_rel(d, chain[-1])})" for d in chain
-                            if os.path.exists(os.path.join(d, limit_file))]
-            u = os.path.join(chain[0], usage_file)
-            self.usage_file = u if os.path.exists(u) else None
-            return
+        self._texts = (cg, mi)
+        found = find_cgroup_limit(cg, mi, _read_text)
+        self.usage_file = found.usage_file if found is not None else None
 
     def read(self) -> tuple[Optional[int], Optional[int], str]:
         """Return (limit, usage, source) in bytes; limit ``None`` when unlimited.
@@ -295,23 +288,12 @@ class _CgroupFiles:
         return best, usage, source
 
     def _read_limit(self) -> tuple[Optional[int], str]:
-        best: Optional[int] = None
-        source = ""
-        for f, src in zip(self.limit_files, self.sources):
-            raw = _os_read(f)
-            if raw is None:
-                continue
-            if raw.startswith(b"max"):
-                continue
-            try:
-                value = int(raw)
-            except ValueError:
-                continue
-            if value < 0 or (self.version == 1 and value >= _V1_UNLIMITED):
-                continue
-            if best is None or value < best:
-                best, source = value, src
-        return best, source
+        if self._texts is None:
+            return None, ""
+        found = find_cgroup_limit(*self._texts, _read_text)
+        if found is None or found.limit is None:
+            return None, ""
+        return found.limit, found.source
 
 
 _CGROUP = _CgroupFiles()
