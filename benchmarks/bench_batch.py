@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vramlab.lab.batch import find_max_batch_size, is_oom_error  # noqa: E402
-from vramlab.probes.virtual import VirtualGPU  # noqa: E402
+from vramlab.runtime.oom import is_oom  # noqa: E402
+from vramlab.sim.batch_finder import find_max_batch_size  # noqa: E402
+from vramlab.sim.virtual_gpu import VirtualGPU  # noqa: E402
 
 MiB = 2**20
 
@@ -81,7 +82,7 @@ def accelerate_finder(step: Callable[[int], None], start: int) -> int:
             step(b)
             return b
         except Exception as e:
-            if not is_oom_error(e):
+            if not is_oom(e):
                 raise
             b = int(b * 0.9)
     return 0
@@ -113,7 +114,7 @@ def lightning_binsearch(step: Callable[[int], None], init_val: int = 2, max_tria
             else:
                 new_size = new_size * 2
         except RuntimeError as e:
-            if not is_oom_error(e):
+            if not is_oom(e):
                 raise
             high = new_size
             new_size = (high + low) // 2

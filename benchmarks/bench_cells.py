@@ -65,7 +65,7 @@ SAMPLER = textwrap.dedent('''
     import json, sys, time
     interval, with_monitor, seconds = float(sys.argv[1]), sys.argv[2] == "1", float(sys.argv[3])
     import vramlab
-    from vramlab.sampler import get_sampler
+    from vramlab.runtime.sampler import get_sampler
     s = get_sampler()
     if with_monitor:
         m = vramlab.watch(interval)

@@ -3,7 +3,7 @@
     python benchmarks/bench_estimate.py [--skip-large]
 
 1. Time to estimate a training step (AdamW, two steps: the first creates the optimizer
-   state) of the 0.8B GPT in ``vramlab.lab.models`` on an A100-80GB preset, in float32 and
+   state) of the 0.8B GPT in ``vramlab.lessons.models`` on an A100-80GB preset, in float32 and
    bfloat16 (target: under a minute on a 2-core machine).
 2. On small models (an MLP, a CNN, a small GPT) at several batch sizes, the peak measured
    for real on the CPU (``measure()``: the same steps under a VirtualGPU, and the same
@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vramlab._sizes import format_bytes  # noqa: E402
-from vramlab.lab import models  # noqa: E402
-from vramlab.lab.estimate import estimate, measure  # noqa: E402
+from vramlab.units import format_bytes  # noqa: E402
+from vramlab.lessons import models  # noqa: E402
+from vramlab.sim.estimate import estimate, measure  # noqa: E402
 
 
 def accelerate_rule(build) -> tuple[int, str]:  # type: ignore[no-untyped-def]

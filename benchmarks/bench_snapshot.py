@@ -118,7 +118,7 @@ def main() -> None:
 
             if torch.cuda.is_available():
                 torch.empty(1, device="cuda")
-                from vramlab.probes.torch_ import read_torch
+                from vramlab.probes.torch_alloc import read_torch
 
                 def raw_torch() -> None:
                     for i in range(torch.cuda.device_count()):

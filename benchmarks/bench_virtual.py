@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
-from vramlab.lab.models import CNN  # noqa: E402
-from vramlab.probes.virtual import VirtualGPU  # noqa: E402
+from vramlab.lessons.models import CNN  # noqa: E402
+from vramlab.sim.virtual_gpu import VirtualGPU  # noqa: E402
 
 
 def main() -> None:

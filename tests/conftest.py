@@ -21,7 +21,7 @@ def pytest_sessionfinish(session, exitstatus):
     """Close every widget while ipywidgets is still intact (its __del__ fails at interpreter teardown)."""
     import sys
 
-    from vramlab.sampler import get_sampler
+    from vramlab.runtime.sampler import get_sampler
 
     get_sampler().stop()
     w = sys.modules.get("ipywidgets")

@@ -1,4 +1,4 @@
-"""vramlab.lab.anatomy: the phases of a training step, split by part, on the virtual GPU."""
+"""vramlab.lessons.anatomy: the phases of a training step, split by part, on the virtual GPU."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import vramlab  # noqa: E402
-from vramlab.lab.anatomy import PARTS, storage_bytes, trace_step  # noqa: E402
-from vramlab.probes.virtual import active_virtual_gpu  # noqa: E402
+from vramlab.lessons.anatomy import PARTS, storage_bytes, trace_step  # noqa: E402
+from vramlab.sim.virtual_gpu import active_virtual_gpu  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

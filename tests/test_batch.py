@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vramlab.lab.batch import BatchSearch, find_max_batch_size, is_oom_error  # noqa: E402
-from vramlab.probes.virtual import VirtualGPU, active_virtual_gpu  # noqa: E402
+from vramlab.runtime.oom import is_oom  # noqa: E402
+from vramlab.sim.batch_finder import BatchSearch, find_max_batch_size  # noqa: E402
+from vramlab.sim.virtual_gpu import VirtualGPU, active_virtual_gpu  # noqa: E402
 
 MiB = 2**20
 
@@ -130,8 +131,8 @@ def test_a_runtime_error_that_says_out_of_memory_is_an_oom():
 
     r = find_max_batch_size(step, device="1GiB")
     assert r.max_batch_size == 5
-    assert is_oom_error(torch.OutOfMemoryError("x"))
-    assert not is_oom_error(ValueError("out of memory"))
+    assert is_oom(torch.OutOfMemoryError("x"))
+    assert not is_oom(ValueError("out of memory"))
 
 
 def test_bad_arguments():

@@ -3,7 +3,7 @@ import sys
 import numpy as np
 import pytest
 
-from vramlab.cells import Recorder
+from vramlab.runtime.records import Recorder
 
 MiB = 2**20
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="exact VmHWM peaks are Linux-only")
@@ -65,7 +65,7 @@ def test_error_is_recorded_by_type_name():
 
 
 def test_history_is_bounded():
-    from vramlab import cells
+    from vramlab.runtime import records as cells
 
     r = Recorder()
     assert r.history.maxlen == cells.HISTORY_SIZE

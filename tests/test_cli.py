@@ -57,6 +57,6 @@ def test_watch_refreshes_until_ctrl_c_and_exits_zero():
 
 
 def test_console_script_entry_point():
-    from vramlab.__main__ import main
+    from vramlab.cli import main
 
     assert main(["--version"]) == 0

@@ -1,5 +1,5 @@
-from vramlab._sizes import format_bytes
-from vramlab._snapshot import DeviceSnapshot, Snapshot, device_layers, snapshot
+from vramlab.units import format_bytes
+from vramlab.reconcile import DeviceSnapshot, Snapshot, device_layers, snapshot
 from vramlab.display import snapshot_html, snapshot_text
 from vramlab.display.text import text_bar
 

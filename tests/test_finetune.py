@@ -1,4 +1,4 @@
-"""vramlab.lab.finetune: the 8-bit AdamW, LoRA adapters, the bytes-per-parameter formula."""
+"""vramlab.lessons.finetune: the 8-bit AdamW, LoRA adapters, the bytes-per-parameter formula."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from vramlab.lab.finetune import BLOCK, AdamW8bit, LoRALinear, add_lora, training_bytes_per_parameter  # noqa: E402
+from vramlab.lessons.finetune import BLOCK, Int8StateAdamW, LoRALinear, add_lora, training_bytes_per_parameter  # noqa: E402
 
 
 def test_bytes_per_parameter_formula():
@@ -40,7 +40,7 @@ def _fit(opt_cls, steps=300):
 
 
 def test_adamw8bit_optimizes_like_adamw():
-    loss8, opt, model = _fit(AdamW8bit)
+    loss8, opt, model = _fit(Int8StateAdamW)
     loss32, _, _ = _fit(torch.optim.AdamW)
     assert loss8 < 1e-2 and loss32 < 1e-2
     st = opt.state[model.weight]
@@ -50,14 +50,14 @@ def test_adamw8bit_optimizes_like_adamw():
 
 def test_adamw8bit_state_is_two_bytes_per_parameter():
     p = nn.Parameter(torch.randn(4 * BLOCK))
-    opt = AdamW8bit([p])
+    opt = Int8StateAdamW([p])
     p.grad = torch.randn_like(p)
     opt.step()
     st = opt.state[p]
     nbytes = sum(v.numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
     assert nbytes == 2 * p.numel() + 2 * 4 * 4
     with pytest.raises(ValueError):
-        AdamW8bit([p], lr=-1)
+        Int8StateAdamW([p], lr=-1)
 
 
 def test_adamw8bit_under_fake_tensors():
@@ -66,7 +66,7 @@ def test_adamw8bit_under_fake_tensors():
     with FakeTensorMode():
         p = nn.Parameter(torch.randn(3000, dtype=torch.bfloat16))
         p.grad = torch.randn_like(p)
-        opt = AdamW8bit([p])
+        opt = Int8StateAdamW([p])
         opt.step()
         assert opt.state[p]["m"].numel() == 2 * BLOCK  # padded to whole blocks
 

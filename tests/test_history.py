@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from vramlab._history import History, history
-from vramlab.cells import Recorder
-from vramlab.sampler import Sampler
+from vramlab.runtime.history import History, history
+from vramlab.runtime.records import Recorder
+from vramlab.runtime.sampler import Sampler
 
 
 def make_history():

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from vramlab.probes import host
-from vramlab.probes.host import find_cgroup_limit, parse_cgroup_limit, read_host, read_uss, reset_peak_rss
+from vramlab.probes.cgroup import find_cgroup_limit, parse_cgroup_limit
+from vramlab.probes.host import read_host, read_uss, reset_peak_rss
 
 FIX = Path(__file__).parent / "fixtures" / "cgroup"
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")

@@ -1,4 +1,4 @@
-"""vramlab.lab.hparams: polynomial fits, the feasible grid, ConvNet and written-out attention."""
+"""vramlab.lessons.hparams: polynomial fits, the feasible grid, ConvNet and written-out attention."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from vramlab.lab.hparams import ConvNet, Grid, feasible_grid, naive_attention, polyfit  # noqa: E402
-from vramlab.probes.virtual import VirtualGPU  # noqa: E402
+from vramlab.lessons.hparams import ConvNet, Grid, feasible_grid, naive_attention, polyfit  # noqa: E402
+from vramlab.sim.virtual_gpu import VirtualGPU  # noqa: E402
 
 
 def test_polyfit_exact_and_r2():

@@ -153,7 +153,7 @@ def test_watch_and_stop(ip):
         ip.run_line_magic("vram", "watch --interval 0.25")
     try:
         assert cap.outputs[0].data["text/plain"] == "<vramlab monitor>"
-        from vramlab.sampler import get_sampler
+        from vramlab.runtime.sampler import get_sampler
 
         assert get_sampler().running and get_sampler().interval == 0.25
     finally:
@@ -178,7 +178,7 @@ def test_unload_stops_the_sampler_and_unregisters_events(ip):
     with capture_output():
         ip.run_line_magic("vram", "watch")
     ip.run_line_magic("unload_ext", "vramlab")
-    from vramlab.sampler import get_sampler
+    from vramlab.runtime.sampler import get_sampler
 
     assert not get_sampler().running
     assert len(ip.events.callbacks["pre_run_cell"]) == n_pre
@@ -223,6 +223,6 @@ def test_oom_in_a_cell_is_explained(ip):
     texts = [o.data["text/plain"] for o in cap.outputs]
     expl = next(t for t in texts if "out of memory" in t)
     assert "requested            1.00 GiB" in expl and "batch size 32 -> at most 16" in expl
-    from vramlab.sampler import get_sampler
+    from vramlab.runtime.sampler import get_sampler
 
     assert get_sampler().markers[-1].kind == "oom"

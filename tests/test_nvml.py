@@ -8,7 +8,8 @@ import types
 import pytest
 
 from vramlab.probes import nvml as nvml_mod
-from vramlab.probes.nvml import NvmlDevice, map_visible_devices, parse_visible_devices, read_nvml
+from vramlab.probes.cuda_order import map_visible_devices, parse_visible_devices
+from vramlab.probes.nvml import NvmlDevice, read_nvml
 
 
 def dev(i, uuid, mig_index=None, parent=None, mig_enabled=False):

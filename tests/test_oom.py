@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from vramlab.oom import explain_oom, free_last_error, is_oom, parse_oom_message
+from vramlab.runtime.oom import explain_oom, free_last_error, is_oom, parse_oom_message
 
 GiB, MiB = 2**30, 2**20
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from vramlab.lab.presets import CUDA_CONTEXT_OVERHEAD, GPU_PRESETS, GPUPreset, get_preset, preset_names
+from vramlab.sim.presets import CUDA_CONTEXT_OVERHEAD, GPU_PRESETS, GPUPreset, get_preset, preset_names
 
 GiB = 2**30
 
@@ -65,6 +65,6 @@ def test_unknown_name_lists_the_known_ones():
 
 
 def test_presets_do_not_import_torch():
-    code = "import sys, vramlab.lab.presets, vramlab.lab; print('torch' in sys.modules)"
+    code = "import sys, vramlab.sim.presets, vramlab.sim; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

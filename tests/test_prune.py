@@ -1,4 +1,4 @@
-"""vramlab.lab.prune: unstructured pruning keeps dense bytes; structured pruning shrinks them."""
+"""vramlab.lessons.prune: unstructured pruning keeps dense bytes; structured pruning shrinks them."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from vramlab.lab.prune import (  # noqa: E402
+from vramlab.lessons.prune import (  # noqa: E402
     attach_unstructured, csr_break_even_density, prune_neurons, prune_unstructured, sparse_bytes, sparsity,
 )
-from vramlab.lab.quant import model_bytes  # noqa: E402
+from vramlab.lessons.quant import model_bytes  # noqa: E402
 
 
 def mlp():

@@ -1,4 +1,4 @@
-"""vramlab.lab.quant: bytes per parameter, weight-only int8/int4, torch's dynamic int8."""
+"""vramlab.lessons.quant: bytes per parameter, weight-only int8/int4, torch's dynamic int8."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from vramlab.lab.quant import (  # noqa: E402
+from vramlab.lessons.quant import (  # noqa: E402
     QuantLinear, bytes_per_parameter, dynamic_int8, dynamic_int8_available, model_bytes, quantize_weights,
     serialized_bytes,
 )
-from vramlab.probes.virtual import VirtualGPU  # noqa: E402
+from vramlab.sim.virtual_gpu import VirtualGPU  # noqa: E402
 
 
 def test_bytes_per_parameter_table_and_scales():

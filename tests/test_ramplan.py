@@ -1,4 +1,4 @@
-"""vramlab.lab.ramplan: the RAM plan, tiers, peak RSS, streaming reads and the heap trim."""
+"""vramlab.lessons.ramplan: the RAM plan, tiers, peak RSS, streaming reads and the heap trim."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import mmap
 import numpy as np
 import pytest
 
-from vramlab.lab.ramplan import (
+from vramlab.lessons.ramplan import (
     TIERS_GB, WORKER_OVERHEAD, RamPlan, iter_npy_batches, peak_rss_during, ram_needs, release_free_heap, tier_for,
 )
 

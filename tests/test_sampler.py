@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from vramlab.sampler import DEFAULT_INTERVAL, RING_SIZE, MAX_CONSECUTIVE_ERRORS, Sampler, get_sampler
+from vramlab.runtime.sampler import DEFAULT_INTERVAL, RING_SIZE, MAX_CONSECUTIVE_ERRORS, Sampler, get_sampler
 
 
 def wait_for(cond, timeout=10.0):

@@ -4,8 +4,8 @@ import sys
 from hypothesis import given, strategies as st
 
 import vramlab
-from vramlab.probes.host import HostReading
-from vramlab._snapshot import device_layers, host_layers, snapshot
+from vramlab.model import HostReading
+from vramlab.reconcile import device_layers, host_layers, snapshot
 
 REQUIRED_HOST = {"total", "available", "limit", "limit_source", "process_rss", "process_peak", "swap_total", "swap_used"}
 REQUIRED_DEV = {"id", "kind", "name", "total", "free", "used", "process_used", "torch_allocated", "torch_reserved",
@@ -98,7 +98,7 @@ def test_nvml_devices_become_cuda_devices_in_visible_order(monkeypatch):
 
 
 def test_provider_devices_are_included():
-    from vramlab._snapshot import DeviceSnapshot, register_device_provider, unregister_device_provider
+    from vramlab.reconcile import DeviceSnapshot, register_device_provider, unregister_device_provider
 
     def provider():
         return [DeviceSnapshot(id="virtual:0", kind="virtual", name="T", uuid=None, source="virtual", nvml_index=None,

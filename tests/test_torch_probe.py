@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from vramlab.probes.torch_ import read_torch, reset_peaks
+from vramlab.probes.torch_alloc import read_torch, reset_peaks
 
 
 def run(code):
@@ -38,7 +38,7 @@ def test_cpu_torch_has_no_allocator_devices():
 
 
 def test_not_imported_reads_nothing():
-    out = run("import sys; from vramlab.probes.torch_ import read_torch; print(read_torch(), 'torch' in sys.modules)")
+    out = run("import sys; from vramlab.probes.torch_alloc import read_torch; print(read_torch(), 'torch' in sys.modules)")
     assert out.strip() == "([], []) False"
 
 

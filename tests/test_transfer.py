@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import vramlab
-from vramlab.lab.transfer import (bucketed_batches, dequantize_int8, measure_copy, padding_stats, quantize_int8,
+from vramlab.lessons.transfer import (bucketed_batches, dequantize_int8, measure_copy, padding_stats, quantize_int8,
                                   random_batches, save_on_host)
 
 

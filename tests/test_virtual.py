@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import vramlab  # noqa: E402
-from vramlab._sizes import parse_size  # noqa: E402
-from vramlab.lab.presets import CUDA_CONTEXT_OVERHEAD, get_preset  # noqa: E402
-from vramlab.probes.virtual import CATEGORIES, VirtualGPU, active_virtual_gpu  # noqa: E402
+from vramlab.units import parse_size  # noqa: E402
+from vramlab.sim.presets import CUDA_CONTEXT_OVERHEAD, get_preset  # noqa: E402
+from vramlab.sim.virtual_gpu import CATEGORIES, VirtualGPU, active_virtual_gpu  # noqa: E402
 
 MiB = 2**20
 
@@ -280,7 +280,7 @@ def test_accelerate_and_lightning_detectors_see_a_real_oom():
 
 
 def test_oom_explainer_reads_the_figures():
-    oom = pytest.importorskip("vramlab.oom")
+    oom = pytest.importorskip("vramlab.runtime.oom")
     with VirtualGPU("8MiB") as gpu:
         keep = torch.empty(MiB // 2)
         with pytest.raises(torch.OutOfMemoryError) as ei:

@@ -5,7 +5,7 @@ import gc
 import pytest
 import torch
 
-from vramlab.probes.virtual import VirtualGPU
+from vramlab.sim.virtual_gpu import VirtualGPU
 
 
 def mlp():

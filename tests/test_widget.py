@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from vramlab.sampler import Sampler
+from vramlab.runtime.sampler import Sampler
 
 MiB = 2**20
 
@@ -179,7 +179,7 @@ def test_sampling_error_shown_once_in_the_monitor():
 
 def test_sparkline_markers_and_warning():
     from vramlab.display.widget import bars_html, sparkline_svg
-    from vramlab.sampler import Marker, Sample
+    from vramlab.runtime.sampler import Marker, Sample
 
     now = 1000.0
     samples = [Sample(time=now - 10 + i, rss=i * MiB, peak=None, host_used=95 * MiB, available=5 * MiB,

@@ -41,7 +41,8 @@ __all__ = [
     "estimate",
     "find_max_batch_size",
     "GPU_PRESETS",
-    "lab",
+    "sim",
+    "lessons",
     "format_bytes",
     "parse_size",
     "load_ipython_extension",
@@ -49,37 +50,37 @@ __all__ = [
     "__version__",
 ]
 
-from ._sizes import format_bytes, parse_size
+from . import display as _display  # registers the text/HTML renderers of the model's objects
+from .units import format_bytes, parse_size
 
 _LAZY = {
-    "snapshot": ("_snapshot", "snapshot"),
-    "Snapshot": ("_snapshot", "Snapshot"),
-    "HostSnapshot": ("_snapshot", "HostSnapshot"),
-    "DeviceSnapshot": ("_snapshot", "DeviceSnapshot"),
-    "watch": ("_api", "watch"),
-    "stop": ("_api", "stop"),
-    "last": ("_api", "last"),
-    "plot": ("_api", "plot"),
-    "free": ("_api", "free"),
-    "history": ("_history", "history"),
-    "explain_oom": ("oom", "explain_oom"),
-    "CellRecord": ("cells", "CellRecord"),
-    "pick_device": ("lab.device", "pick_device"),
-    "VirtualGPU": ("probes.virtual", "VirtualGPU"),
-    "estimate": ("lab.estimate", "estimate"),
-    "find_max_batch_size": ("lab.batch", "find_max_batch_size"),
-    "GPU_PRESETS": ("lab.presets", "GPU_PRESETS"),
+    "snapshot": ("reconcile", "snapshot"),
+    "Snapshot": ("model", "Snapshot"),
+    "HostSnapshot": ("model", "HostSnapshot"),
+    "DeviceSnapshot": ("model", "DeviceSnapshot"),
+    "CellRecord": ("model", "CellRecord"),
+    "watch": ("api", "watch"),
+    "stop": ("api", "stop"),
+    "last": ("api", "last"),
+    "plot": ("api", "plot"),
+    "free": ("api", "free"),
+    "history": ("runtime.history", "history"),
+    "explain_oom": ("runtime.oom", "explain_oom"),
+    "pick_device": ("lessons.device", "pick_device"),
+    "VirtualGPU": ("sim.virtual_gpu", "VirtualGPU"),
+    "estimate": ("sim.estimate", "estimate"),
+    "find_max_batch_size": ("sim.batch_finder", "find_max_batch_size"),
+    "GPU_PRESETS": ("sim.presets", "GPU_PRESETS"),
 }
+_SUBPACKAGES = ("sim", "lessons")
 
 
 def __getattr__(name: str) -> Any:
-    if name == "lab":
-        import importlib
+    import importlib
 
-        return importlib.import_module(".lab", __name__)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
-        import importlib
-
         mod, attr = _LAZY[name]
         value = getattr(importlib.import_module(f".{mod}", __name__), attr)
         globals()[name] = value
@@ -93,13 +94,13 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext vramlab``: registers the ``%vram`` magic."""
-    from .magics import load
+    from .ipython.extension import load
 
     load(ip)
 
 
 def unload_ipython_extension(ip: Any) -> None:
     """Called by ``%unload_ext vramlab``: removes everything the extension registered."""
-    from .magics import unload
+    from .ipython.extension import unload
 
     unload(ip)

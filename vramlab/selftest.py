@@ -59,9 +59,9 @@ def _nvidia_smi() -> Optional[list[dict[str, str]]]:
 
 def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     """Run every check; returns their outcomes (never raises)."""
-    from ._sizes import format_bytes
     from .probes.nvml import read_nvml
-    from ._snapshot import snapshot
+    from .reconcile import snapshot
+    from .units import format_bytes
 
     checks: list[Check] = []
 
@@ -186,8 +186,8 @@ def _estimate_check(torch: object) -> tuple[bool, str]:
     """Estimated peak vs measured peak on cuda:0 for three models; within 5% each."""
     import torch as t
 
-    from .lab.estimate import estimate
-    from .lab.models import make_cnn, make_gpt, make_mlp
+    from .lessons.models import make_cnn, make_gpt, make_mlp
+    from .sim.estimate import estimate
 
     out = []
     ok = True

@@ -131,13 +131,13 @@ assert abs(predicted - search.max_batch_size) <= 0.03 * search.max_batch_size
 assert search.num_trials <= 2 * math.log2(search.max_batch_size) + 2
 
 # %%
-from vramlab.lab.presets import get_preset
+from vramlab.sim.presets import get_preset
 
 dataset = 1_281_167  # samples per epoch: the size of ImageNet-1k's training set
 rows = []
 for name in ["RTX 4060 Laptop", "T4", "L4", "A100-80GB", "H200"]:
     p = get_preset(name)
-    usable = p.memory - vramlab.lab.CUDA_CONTEXT_OVERHEAD
+    usable = p.memory - vramlab.sim.CUDA_CONTEXT_OVERHEAD
     b_max = math.floor((usable - fixed) / slope)
     est_in = vramlab.estimate(build_model, lambda b: make_batch(b, device="cpu"), batch_size=int(b_max * 0.99),
                               optimizer="adam", device=name)

@@ -19,8 +19,8 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
-from vramlab.lab.presets import get_preset
-from vramlab.lab.transfer import (bucketed_batches, dequantize_int8, measure_copy, padding_stats, quantize_int8,
+from vramlab.sim.presets import get_preset
+from vramlab.lessons.transfer import (bucketed_batches, dequantize_int8, measure_copy, padding_stats, quantize_int8,
                                   random_batches, save_on_host)
 
 torch.manual_seed(0)

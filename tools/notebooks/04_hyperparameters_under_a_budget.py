@@ -20,7 +20,7 @@ from torch import nn
 
 import vramlab
 from vramlab import format_bytes
-from vramlab.lab.hparams import ConvNet, feasible_grid, naive_attention, polyfit
+from vramlab.lessons.hparams import ConvNet, feasible_grid, naive_attention, polyfit
 
 torch.manual_seed(0)
 dev = vramlab.pick_device(virtual="256MiB")

@@ -26,7 +26,7 @@ from torch import nn
 
 import vramlab
 from vramlab import format_bytes
-from vramlab.lab import quant, prune
+from vramlab.lessons import quant, prune
 
 torch.manual_seed(0)
 dev = vramlab.pick_device(virtual="T4")
@@ -39,7 +39,7 @@ print(dev)
 # A parameter is one number. Its size depends only on the number format: 32 bits for float32,
 # 16 for bfloat16 (bf16) or float16, 8 for int8, 4 for int4. Integer formats also need a *scale*
 # to turn the integers back into real values: here one float32 scale per output row for int8,
-# and one per group of 64 weights for int4 (`vramlab.lab.quant.quantize_weights`).
+# and one per group of 64 weights for int4 (`vramlab.lessons.quant.quantize_weights`).
 #
 # **Predict.** How many bytes per parameter does each format take on the device, scales included?
 
@@ -93,7 +93,7 @@ fig.tight_layout()
 # The measured figures sit a little above 4, 2, 1 and 0.5: the biases stay in float32, the int
 # formats carry their scales (4 bytes per row for int8, 4 bytes per 64 weights for int4, that is
 # +0.0625 bytes per parameter), and the allocator rounds each tensor up to 512 bytes. The
-# formula `vramlab.lab.quant.bytes_per_parameter("int4", group_size=64)` gives the same figure.
+# formula `vramlab.lessons.quant.bytes_per_parameter("int4", group_size=64)` gives the same figure.
 
 # %%
 ratio = {n: on_device[n] / on_device["fp32"] for n in on_device}

@@ -32,7 +32,7 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
-from vramlab.lab import ramplan
+from vramlab.lessons import ramplan
 
 torch.manual_seed(0)
 dev = vramlab.pick_device(virtual="1GiB")

@@ -19,9 +19,9 @@ from torch import nn
 
 import vramlab
 from vramlab import format_bytes
-from vramlab.lab import anatomy, finetune
-from vramlab.lab.models import GPT, gpt_config
-from vramlab.lab.presets import get_preset
+from vramlab.lessons import anatomy, finetune
+from vramlab.lessons.models import GPT, gpt_config
+from vramlab.sim.presets import get_preset
 
 torch.manual_seed(0)
 dev = vramlab.pick_device(virtual="T4")
@@ -32,7 +32,7 @@ print(dev)
 # %% [markdown]
 # ## 1. One step, phase by phase
 #
-# A small GPT-style language model (`vramlab.lab.models.GPT`) is trained with AdamW for two steps.
+# A small GPT-style language model (`vramlab.lessons.models.GPT`) is trained with AdamW for two steps.
 # `anatomy.trace_step` runs each phase (forward, backward, optimizer step, `zero_grad`) inside
 # `dev.measure()`, and after each one splits what the device holds into the four parts: the
 # weights, gradients and optimizer state are counted from the objects themselves, and the rest
@@ -225,7 +225,7 @@ assert napkin < measured  # the napkin is a floor, not the peak
 # 2. **full, bf16, AdamW**: weights, gradients and moments in bf16 (8 bytes per parameter);
 # 3. **full, bf16, 8-bit AdamW state**: the moments in 1 byte each. bitsandbytes (the usual
 #    library for this) is not installed here, so the state is modelled with
-#    `finetune.AdamW8bit`, a plain-PyTorch 8-bit AdamW that stores exactly the same bytes:
+#    `finetune.Int8StateAdamW`, a plain-PyTorch 8-bit AdamW that stores exactly the same bytes:
 #    2 per parameter plus one float32 scale per 2048 values;
 # 4. **frozen bf16 base + LoRA adapters** (rank 16 on every linear layer of the blocks): only the
 #    adapters (0.6% of the parameters) have gradients and optimizer state.
@@ -257,7 +257,7 @@ def big_batch(b: int):
 configs = {
     "full fp32, AdamW": (lambda: GPT(**big), None, lambda ps: torch.optim.AdamW(ps, foreach=True)),
     "full bf16, AdamW": (lambda: GPT(**big), torch.bfloat16, lambda ps: torch.optim.AdamW(ps, foreach=True)),
-    "bf16 + 8-bit state": (lambda: GPT(**big), torch.bfloat16, lambda ps: finetune.AdamW8bit(ps)),
+    "bf16 + 8-bit state": (lambda: GPT(**big), torch.bfloat16, lambda ps: finetune.Int8StateAdamW(ps)),
     "frozen base + LoRA": (lambda: finetune.add_lora(GPT(**big), rank=16), torch.bfloat16,
                            lambda ps: torch.optim.AdamW(ps, foreach=True)),
 }

@@ -1,4 +1,5 @@
-"""HTML rendering of a Snapshot: a table with one stacked bar per device and for the host.
+"""HTML renderers: a snapshot as a table with one stacked bar per device and for the host,
+a cell record as a compact table, an OOM explanation as a block.
 
 The HTML is self-contained (inline styles, no scripts), so it survives in a saved
 notebook, on nbviewer and on GitHub. Colours are mid-tone fills that read on light
@@ -9,15 +10,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import html as _html
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from .._sizes import format_bytes
-from .._snapshot import DEVICE_LAYERS, HOST_LAYERS, Snapshot
+from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, OOMExplanation, Snapshot
+from ..units import format_bytes
+from .text import oom_text
 
-if TYPE_CHECKING:
-    from ..cells import CellRecord
-
-__all__ = ["snapshot_html", "html_bar", "record_html", "COLOURS"]
+__all__ = ["snapshot_html", "html_bar", "record_html", "oom_html", "COLOURS"]
 
 #: Fill colour of each layer.
 COLOURS: dict[str, str] = {
@@ -129,7 +128,7 @@ def snapshot_html(s: Snapshot) -> str:
             f"{notes}</div>")
 
 
-def record_html(r: "CellRecord") -> str:
+def record_html(r: CellRecord) -> str:
     """A per-cell record as a compact HTML table."""
     h = r.host
     td = 'style="padding:1px 8px;text-align:right"'
@@ -157,3 +156,9 @@ def record_html(r: "CellRecord") -> str:
                         f"<td {tl}>NVML (this process)</td></tr>")
     return (f'<div class="vramlab-record" style="font-size:90%;color:inherit"><div>{head}</div>'
             f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table></div>')
+
+
+def oom_html(e: OOMExplanation) -> str:
+    """An OOM explanation as a preformatted block with a red rule."""
+    return (f'<pre class="vramlab-oom" style="border-left:3px solid #e15759;padding-left:6px">'
+            f"{_html.escape(oom_text(e))}</pre>")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..model import History
+
 __all__ = ["plot_history"]
 
 
-def plot_history(h: Any, *, last_s: Optional[float] = None) -> Any:
-    """Draw ``h`` (a :class:`~vramlab.history.History`) and return the ``Figure``.
+def plot_history(h: History, *, last_s: Optional[float] = None) -> Any:
+    """Draw ``h`` (a :class:`~vramlab.model.History`) and return the ``Figure``.
 
     Lines: per device torch allocated, torch reserved and used (NVML or virtual), and
     the host's RSS, in GiB against seconds. Each recorded cell is a shaded span labelled

@@ -1,17 +1,18 @@
-"""Plain-text rendering of a Snapshot: an aligned table that tells the whole story."""
+"""Plain-text renderers: snapshots, cell records, the history, OOM explanations.
+
+Each takes a :mod:`vramlab.model` object and returns a string; none reads the machine.
+Sizes are shown in IEC units.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from .._sizes import format_bytes
-from .._snapshot import DEVICE_LAYERS, HOST_LAYERS, Snapshot
+from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, FreedReport, History, OOMExplanation, Snapshot
+from ..units import format_bytes
 
-if TYPE_CHECKING:
-    from ..cells import CellRecord
-
-__all__ = ["snapshot_text", "text_bar", "record_text"]
+__all__ = ["snapshot_text", "text_bar", "record_text", "record_line", "history_text", "oom_text", "freed_text"]
 
 #: One character per layer in text bars.
 BAR_CHARS: dict[str, str] = {
@@ -108,10 +109,9 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def record_text(r: "CellRecord") -> str:
+def record_text(r: CellRecord) -> str:
     """A per-cell record as a small aligned table."""
-    from .._sizes import format_bytes as fb
-
+    fb = format_bytes
     h = r.host
     head = f"vramlab cell {r.execution_count if r.execution_count is not None else '-'} · {r.wall_s:.3f} s"
     if r.error:
@@ -132,4 +132,91 @@ def record_text(r: "CellRecord") -> str:
             lines.append(f"  {'':<10}{fb(d.nvml_delta, signed=True):>12}{'':>20}  NVML (this process)")
     if not r.peaks_reset:
         lines.append("  (peak counters kept: a peak is shown only when the cell set a new high)")
+    return "\n".join(lines)
+
+
+def record_line(r: CellRecord) -> str:
+    """A per-cell record in one compact line, as ``%vram auto on`` prints it."""
+    h = r.host
+    parts = [f"[vramlab] cell {r.execution_count if r.execution_count is not None else '-'}",
+             f"{r.wall_s:.3f} s"]
+    host = f"RSS {format_bytes(h.rss_delta, signed=True)}"
+    if h.peak_delta is not None:
+        host += f" (peak +{format_bytes(max(h.peak_delta, 0))})"
+    parts.append(host)
+    for d in r.devices:
+        if d.allocated_delta is None and d.nvml_delta is None:
+            continue
+        s = f"{d.id} alloc {format_bytes(d.allocated_delta, signed=True)}"
+        if d.peak_allocated_delta is not None:
+            s += f" (peak +{format_bytes(max(d.peak_allocated_delta, 0))})"
+        if d.reserved_delta:
+            s += f" reserved {format_bytes(d.reserved_delta, signed=True)}"
+        if d.nvml_delta:
+            s += f" nvml {format_bytes(d.nvml_delta, signed=True)}"
+        parts.append(s)
+    if r.error:
+        parts.append(f"raised {r.error}")
+    return " · ".join(parts)
+
+
+def history_text(h: History, last: int = 20) -> str:
+    """A table of the last ``last`` cells."""
+    fb = format_bytes
+    cells = h.cells[-last:]
+    if not cells:
+        return "no cell records yet: use %%vram on a cell, or %vram auto on"
+    ids = []
+    for r in cells:
+        ids.extend(d.id for d in r.devices if d.allocated_delta is not None and d.id not in ids)
+    head = f"{'cell':>5} {'wall s':>8} {'RSS delta':>12} {'RSS peak':>12}"
+    for i in ids:
+        head += f" {i + ' alloc':>16} {i + ' peak':>16}"
+    lines = [head]
+    for r in cells:
+        line = (f"{r.execution_count if r.execution_count is not None else '-':>5} {r.wall_s:>8.3f} "
+                f"{fb(r.host.rss_delta, signed=True):>12} "
+                f"{('+' + fb(max(r.host.peak_delta, 0))) if r.host.peak_delta is not None else 'n/a':>12}")
+        devs = {d.id: d for d in r.devices}
+        for i in ids:
+            d = devs.get(i)
+            a = fb(d.allocated_delta, signed=True) if d and d.allocated_delta is not None else "n/a"
+            pk = ("+" + fb(max(d.peak_allocated_delta, 0))) if d and d.peak_allocated_delta is not None else "n/a"
+            line += f" {a:>16} {pk:>16}"
+        if r.error:
+            line += f"  {r.error}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def oom_text(e: OOMExplanation) -> str:
+    """An OOM explanation as plain text: the figures, the largest consumers, what to try."""
+    lines = ["[vramlab] out of memory"]
+    if e.requested is not None:
+        lines.append(f"  requested            {format_bytes(e.requested)}")
+    if e.free is not None:
+        lines.append(f"  free on the device   {format_bytes(e.free)}"
+                     + (f" of {format_bytes(e.total)}" if e.total else ""))
+    if e.reserved_unallocated is not None:
+        lines.append(f"  cached, unallocated  {format_bytes(e.reserved_unallocated)} (reserved by torch, fragmented)")
+    if e.shortfall is not None:
+        lines.append(f"  short by             {format_bytes(e.shortfall)}")
+    if e.consumers:
+        lines.append("  largest live consumers:")
+        for name, n, where in e.consumers:
+            lines.append(f"    {name:<24}{format_bytes(n):>12}  {where}")
+    if e.suggestions:
+        lines.append("  what to try, most effective first:")
+        lines.extend(f"    {i}. {s}" for i, s in enumerate(e.suggestions, 1))
+    lines.append("  then run %vram free to release what the traceback keeps alive")
+    return "\n".join(lines)
+
+
+def freed_text(f: FreedReport) -> str:
+    """What ``%vram free`` returned: one line per layer."""
+    lines = [f"[vramlab] freed: host RSS {format_bytes(f.host)}"]
+    for id_, alloc, reserved in f.devices:
+        lines.append(f"  {id_}: allocated {format_bytes(alloc)}, reserved {format_bytes(reserved)}")
+    if f.cleared:
+        lines.append("  dropped: " + ", ".join(f.cleared))
     return "\n".join(lines)

@@ -31,8 +31,8 @@ from typing import Any, Optional
 
 import ipywidgets as widgets
 
-from .._sizes import format_bytes
-from .._snapshot import DEVICE_LAYERS, HOST_LAYERS
+from ..model import DEVICE_LAYERS, HOST_LAYERS
+from ..units import format_bytes
 from .html import COLOURS, html_bar
 from .text import snapshot_text
 
@@ -225,11 +225,11 @@ class Monitor(widgets.VBox):
     def _on_sample(self, snap: Any, sampler: Any) -> None:
         if snap is None:
             self._set(self._status, self._status_html(stopped=True))
-            self._swap("static")
+            self._switch_view("static")
             return
         self._latest = snap
         if self._shown != "live":
-            self._swap("live")
+            self._switch_view("live")
         now = time.monotonic()
         if now - self._last_push < 1.0 / MAX_UPDATES_PER_S - 1e-3:
             return
@@ -331,7 +331,7 @@ class Monitor(widgets.VBox):
         else:
             display(bundle, raw=True, display_id=self._display_id)
 
-    def _swap(self, to: str) -> None:
+    def _switch_view(self, to: str) -> None:
         """Make every output of this monitor show the live widget or (``"static"``) the frozen copy."""
         if self._display_id is None or self._shown == to or (to == "static" and self._snap() is None):
             return

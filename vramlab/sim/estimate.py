@@ -14,7 +14,7 @@ With a CUDA preset as ``device`` (``"A100-80GB"``), the estimate models what dif
 CUDA card: each storage is rounded up to 512 bytes as the caching allocator does, an
 optimizer given by name or class is built with ``foreach=True`` (CUDA's default, whose
 intermediate lists take memory), and the verdict leaves room for the CUDA context
-(:data:`~vramlab.lab.presets.CUDA_CONTEXT_OVERHEAD`). It does not model the allocator's
+(:data:`~vramlab.sim.presets.CUDA_CONTEXT_OVERHEAD`). It does not model the allocator's
 cache or fragmentation (``memory_reserved``), cuBLAS/cuDNN workspaces, or kernels whose CUDA
 implementation allocates differently from the CPU one.
 
@@ -32,9 +32,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from .._sizes import format_bytes, parse_size
-from ..probes.virtual import CATEGORIES, VirtualGPU, _Accountant, _Hooks
+from ..units import format_bytes, parse_size
+from .ledger import CATEGORIES, Ledger, LedgerHooks
 from .presets import get_preset
+from .virtual_gpu import VirtualGPU
 
 __all__ = ["Estimate", "estimate", "measure", "OPTIMIZERS"]
 
@@ -306,7 +307,7 @@ def _check_args(batch_size: int, step: str, steps: Optional[int], optimizer: Any
     return train, steps
 
 
-def _result(acct: _Accountant, tgt: _Target, model: nn.Module, *, batch_size: int, step: str, steps: int,
+def _result(acct: Ledger, tgt: _Target, model: nn.Module, *, batch_size: int, step: str, steps: int,
             dtype: Optional[torch.dtype], method: str, t0: float, notes: list[str]) -> Estimate:
     budget = None if tgt.capacity is None else tgt.capacity - tgt.context
     if tgt.context:
@@ -353,8 +354,8 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     tgt = _target(device)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
     model = _build_on_meta(build_model, dtype)
-    acct = _Accountant(None, round_blocks=rb, fake=True)
-    hooks = _Hooks(acct)
+    acct = Ledger(None, round_blocks=rb, fake=True)
+    hooks = LedgerHooks(acct)
     notes: list[str] = []
     with FakeTensorMode(allow_non_fake_inputs=True):
         hooks.install()
@@ -395,5 +396,5 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
         gpu.adopt(model)  # created inside: this gives them their categories
         opt = _make_optimizer(optimizer, model, tgt.cuda_like)
         _run_steps(model, make_batch, batch_size, opt, loss_fn, dtype, train, steps)
-    return _result(gpu._acct, tgt, model, batch_size=batch_size, step=step, steps=steps, dtype=dtype,
+    return _result(gpu.ledger, tgt, model, batch_size=batch_size, step=step, steps=steps, dtype=dtype,
                    method="measured (VirtualGPU)", t0=t0, notes=[])

@@ -68,7 +68,7 @@ class LessonDevice:
             self.name = props.name
             self.capacity = int(props.total_memory)
         else:
-            from ..probes.virtual import VirtualGPU
+            from ..sim.virtual_gpu import VirtualGPU
 
             self.kind = "virtual"
             self.device = torch.device("cpu")
@@ -146,7 +146,7 @@ class LessonDevice:
 
     def describe(self) -> str:
         """What this device is, and what that means for the figures."""
-        from .._sizes import format_bytes
+        from ..units import format_bytes
 
         if self.is_cuda:
             return (f"CUDA device {self.device}: {self.name}, {format_bytes(self.capacity)}. "

@@ -29,24 +29,13 @@ from __future__ import annotations
 
 import gc
 import html
-import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .._sizes import format_bytes
+from ..runtime.oom import drop_traceback, is_oom
+from ..units import format_bytes
 
-__all__ = ["BatchSearch", "Trial", "find_max_batch_size", "is_oom_error"]
-
-
-def is_oom_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a device out-of-memory error: ``torch.OutOfMemoryError`` (CUDA and
-    the virtual GPU), or a ``RuntimeError`` whose message says ``out of memory`` (HIP, XPU,
-    MPS and older CUDA builds)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+__all__ = ["BatchSearch", "Trial", "find_max_batch_size"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +109,7 @@ class _Runner:
     def __init__(self, device: Any) -> None:
         import torch
 
-        from ..probes.virtual import VirtualGPU, active_virtual_gpu
+        from .virtual_gpu import VirtualGPU, active_virtual_gpu
 
         self.torch = torch
         self.virtual: Optional[VirtualGPU] = None
@@ -155,7 +144,7 @@ class _Runner:
         return f"virtual:0 ({gpu.name}, {format_bytes(gpu.capacity)})"
 
     def _new(self) -> Any:
-        from ..probes.virtual import VirtualGPU
+        from .virtual_gpu import VirtualGPU
 
         return VirtualGPU(self.spec)
 
@@ -191,24 +180,11 @@ def _attempt(fn: Callable[[], Any]) -> bool:
     try:
         fn()
     except Exception as e:
-        if not is_oom_error(e):
+        if not is_oom(e):
             raise
-        _drop(e)
+        drop_traceback(e)
         return False
     return True
-
-
-def _drop(e: BaseException) -> None:
-    """Release what a caught OOM keeps alive: the locals of every frame in its traceback
-    (and in its chained exceptions), so that the failed step's tensors can be freed."""
-    seen: set[int] = set()
-    x: Optional[BaseException] = e
-    while x is not None and id(x) not in seen:
-        seen.add(id(x))
-        if x.__traceback__ is not None:
-            traceback.clear_frames(x.__traceback__)
-            x.__traceback__ = None
-        x = x.__cause__ or x.__context__
 
 
 def _search(trial: Callable[[int], bool], start: int, limit: Optional[int]) -> tuple[int, Optional[int], bool]:

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from .._sizes import format_bytes
+from ..units import format_bytes
 
 __all__ = [
     "TIERS_GB",
@@ -131,7 +131,7 @@ def _current_rss() -> int:
 
 def _effective_limit() -> Optional[int]:
     try:
-        from .._snapshot import snapshot
+        from ..reconcile import snapshot
 
         return snapshot().host.limit
     except Exception:

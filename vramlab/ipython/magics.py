@@ -28,14 +28,21 @@ from __future__ import annotations
 import ast
 import json
 import os
-import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
 
-__all__ = ["VramMagics", "load", "unload", "SUBCOMMANDS"]
+from .. import api
+from ..reconcile import snapshot
+from ..runtime.history import history
+from ..runtime.oom import free_last_error
+from ..runtime.records import get_recorder
+from .events import CellEvents
+
+__all__ = ["VramMagics", "SUBCOMMANDS"]
 
 #: subcommand -> one-line help.
 SUBCOMMANDS: dict[str, str] = {
@@ -57,7 +64,7 @@ _NO_ARGS = ("show", "watch", "stop", "history", "plot", "free", "last")
 class VramMagics(Magics):
     """The ``%vram`` line magic and ``%%vram`` cell magic."""
 
-    def __init__(self, shell: Any, events: "_Events") -> None:
+    def __init__(self, shell: Any, events: CellEvents) -> None:
         super().__init__(shell)
         self._events = events
 
@@ -92,19 +99,13 @@ class VramMagics(Magics):
 
     # -- subcommands
     def _cmd_show(self, args: Any) -> None:
-        from ._snapshot import snapshot
-
         snap = snapshot(uss=args.uss)
         if args.json:
             print(json.dumps(snap.to_dict(), indent=2))
             return
-        from IPython.display import display
-
         display(snap)
 
     def _cmd_watch(self, args: Any) -> Any:
-        from . import _api
-
         interval = None
         if args.interval is not None:
             try:
@@ -112,18 +113,14 @@ class VramMagics(Magics):
             except ValueError:
                 raise UsageError(f"--interval takes a number of seconds, got {args.interval!r}") from None
         try:
-            mon = _api.watch(interval)
+            mon = api.watch(interval)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        from IPython.display import display
-
         display(mon)
         return None
 
     def _cmd_stop(self, args: Any) -> None:
-        from . import _api
-
-        _api.stop()
+        api.stop()
         print("[vramlab] sampler stopped")
 
     def _cmd_auto(self, args: Any) -> None:
@@ -135,13 +132,9 @@ class VramMagics(Magics):
               + (" (peak counters kept)" if self._events.auto and args.keep_peaks else ""))
 
     def _cmd_history(self, args: Any) -> None:
-        from ._history import history
-
         print(history().text(last=max(args.last, 1)))
 
     def _cmd_export(self, args: Any) -> None:
-        from ._history import history
-
         if len(args.rest) != 1:
             raise UsageError(f"%vram export takes one PATH (.csv or .json)\n{self._usage()}")
         path = os.path.expanduser(args.rest[0])
@@ -152,33 +145,21 @@ class VramMagics(Magics):
         print(f"[vramlab] wrote {written}")
 
     def _cmd_plot(self, args: Any) -> Any:
-        from . import _api
-
-        return _api.plot()
+        return api.plot()
 
     def _cmd_free(self, args: Any) -> None:
-        from .oom import free_last_error
-
         print(free_last_error(self.shell).text())
 
     def _cmd_last(self, args: Any) -> Any:
-        from . import _api
-
-        rec = _api.last()
+        rec = api.last()
         if rec is None:
             print("no cell records yet: use %%vram on a cell, or %vram auto on")
             return None
-        from IPython.display import display
-
         display(rec)
         return None
 
     # -- %%vram
     def _cell(self, cell: str, keep_peaks: bool) -> Any:
-        from IPython.display import display
-
-        from .cells import get_recorder
-
         rec = get_recorder()
         self._events.in_cell_magic = True
         token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks)
@@ -219,99 +200,3 @@ def _run_code(shell: Any, cell: str) -> Any:
     if last is not None:
         return eval(shell.compile(last, name, "eval"), shell.user_ns)
     return None
-
-
-class _Events:
-    """The pre/post_run_cell callbacks: cell markers, auto records, OOM explanations."""
-
-    def __init__(self, shell: Any) -> None:
-        self.shell = shell
-        self.auto = False
-        self.keep_peaks = False
-        self.in_cell_magic = False
-        self._token: Any = None
-
-    def pre_run_cell(self, info: Any = None) -> None:
-        try:
-            count = self.shell.execution_count
-            s = sys.modules.get("vramlab.sampler")
-            if s is not None:
-                sampler = s.get_sampler()
-                if sampler.running:
-                    sampler.mark("cell", f"[{count}]")
-            self.in_cell_magic = False
-            self._token = None
-            raw = getattr(info, "raw_cell", "") or ""
-            if self.auto and not raw.lstrip().startswith("%%vram"):
-                from .cells import get_recorder
-
-                self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks)
-        except Exception:
-            self._token = None
-
-    def post_run_cell(self, result: Any = None) -> None:
-        error = getattr(result, "error_in_exec", None)
-        record = None
-        try:
-            if self._token is not None:
-                from .cells import get_recorder
-
-                record = get_recorder().end(self._token, error)
-                self._token = None
-                if record is not None:
-                    print(record.line())
-            elif self.in_cell_magic:
-                from ._api import last
-
-                record = last()
-        except Exception:
-            record = None
-        from .oom import is_oom
-
-        if is_oom(error):
-            try:
-                from IPython.display import display
-
-                from .oom import explain_oom
-                from .sampler import get_sampler
-
-                get_sampler().mark("oom", f"OOM in [{getattr(result, 'execution_count', '?')}]")
-                display(explain_oom(error, self.shell.user_ns, record))
-            except Exception:
-                pass
-
-
-_REGISTERED: dict[int, tuple[_Events, list[tuple[str, Callable[..., Any]]]]] = {}
-
-
-def load(ip: Any) -> None:
-    """Register the magics and the two event callbacks on shell ``ip``. Loading twice is harmless."""
-    key = id(ip)
-    if key in _REGISTERED:
-        return
-    events = _Events(ip)
-    ip.register_magics(VramMagics(ip, events))
-    callbacks = [("pre_run_cell", events.pre_run_cell), ("post_run_cell", events.post_run_cell)]
-    for name, fn in callbacks:
-        ip.events.register(name, fn)
-    _REGISTERED[key] = (events, callbacks)
-
-
-def unload(ip: Any) -> None:
-    """Remove exactly what :func:`load` registered, and stop the sampler."""
-    entry = _REGISTERED.pop(id(ip), None)
-    if entry is not None:
-        _events, callbacks = entry
-        for name, fn in callbacks:
-            try:
-                ip.events.unregister(name, fn)
-            except ValueError:
-                pass
-    magics = ip.magics_manager.magics
-    magics.get("line", {}).pop("vram", None)
-    magics.get("cell", {}).pop("vram", None)
-    ip.magics_manager.registry.pop("VramMagics", None)
-    s = sys.modules.get("vramlab.sampler")
-    if s is not None:
-        s.get_sampler().stop("extension unloaded")
-

@@ -2,7 +2,7 @@
 
 ``get_preset("A100-80GB")`` looks a GPU up by name, case-insensitively, ignoring spaces,
 dashes and underscores (``"a100_80gb"``, ``"A100 80GB"``, ``"a100-80g"`` all work).
-:class:`~vramlab.VirtualGPU` and :func:`~vramlab.lab.estimate` accept these names.
+:class:`~vramlab.VirtualGPU` and :func:`~vramlab.sim.estimate.estimate` accept these names.
 
 Units: ``memory`` in bytes, ``bandwidth`` and ``host_link_bandwidth`` in bytes per second
 (decimal, as datasheets give them: 1 GB/s = 10**9 B/s).

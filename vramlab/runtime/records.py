@@ -18,114 +18,25 @@ All sizes are in bytes, times in seconds.
 from __future__ import annotations
 
 import collections
-import sys
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Deque, Optional
 
-from ._sizes import format_bytes
+from ..model import CellRecord, DeviceDelta, HostDelta
+from ..probes.host import reset_peak_rss
+from ..probes.torch_alloc import reset_peaks
+from ..reconcile import reset_provider_peaks, snapshot
 
-__all__ = ["CellRecord", "DeviceDelta", "HostDelta", "Recorder", "get_recorder"]
+__all__ = ["Recorder", "get_recorder", "HISTORY_SIZE"]
 
 HISTORY_SIZE = 10_000  # cell records kept
 
 
-@dataclass(frozen=True)
-class HostDelta:
-    """Host changes over one cell (bytes). ``peak_delta`` is the peak RSS during the
-    cell minus RSS at its start; ``None`` when the peak is not known."""
-
-    rss_start: int
-    rss_end: int
-    rss_delta: int
-    peak: Optional[int]
-    peak_delta: Optional[int]
-    swap_delta: Optional[int]
-    peak_exact: bool
-
-
-@dataclass(frozen=True)
-class DeviceDelta:
-    """One device's changes over one cell (bytes). ``peak_allocated_delta`` is the peak
-    allocated during the cell minus allocated at its start."""
-
-    id: str
-    allocated_start: Optional[int]
-    allocated_delta: Optional[int]
-    peak_allocated: Optional[int]
-    peak_allocated_delta: Optional[int]
-    reserved_delta: Optional[int]
-    nvml_delta: Optional[int]
-
-
-@dataclass(frozen=True)
-class CellRecord:
-    """What one cell did to memory."""
-
-    execution_count: Optional[int]
-    started: float
-    wall_s: float
-    error: Optional[str]
-    host: HostDelta
-    devices: tuple[DeviceDelta, ...] = field(default_factory=tuple)
-    peaks_reset: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        d = asdict(self)
-        d["devices"] = [asdict(x) for x in self.devices]
-        return d
-
-    def line(self) -> str:
-        """One compact line, as auto mode prints it."""
-        h = self.host
-        parts = [f"[vramlab] cell {self.execution_count if self.execution_count is not None else '-'}",
-                 f"{self.wall_s:.3f} s"]
-        host = f"RSS {format_bytes(h.rss_delta, signed=True)}"
-        if h.peak_delta is not None:
-            host += f" (peak +{format_bytes(max(h.peak_delta, 0))})"
-        parts.append(host)
-        for d in self.devices:
-            if d.allocated_delta is None and d.nvml_delta is None:
-                continue
-            s = f"{d.id} alloc {format_bytes(d.allocated_delta, signed=True)}"
-            if d.peak_allocated_delta is not None:
-                s += f" (peak +{format_bytes(max(d.peak_allocated_delta, 0))})"
-            if d.reserved_delta:
-                s += f" reserved {format_bytes(d.reserved_delta, signed=True)}"
-            if d.nvml_delta:
-                s += f" nvml {format_bytes(d.nvml_delta, signed=True)}"
-            parts.append(s)
-        if self.error:
-            parts.append(f"raised {self.error}")
-        return " · ".join(parts)
-
-    def __repr__(self) -> str:
-        return f"<vramlab.CellRecord cell {self.execution_count}>"
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from .display.html import record_html
-
-        return {"text/plain": self.text(), "text/html": record_html(self)}
-
-    def text(self) -> str:
-        """A small aligned table."""
-        from .display.text import record_text
-
-        return record_text(self)
-
-
 def _reset_all_peaks() -> bool:
-    from .probes.host import reset_peak_rss
-    from .probes.torch_ import reset_peaks
-
+    """Reset the host's VmHWM, torch's peaks and every registered device provider's peak
+    (the active virtual GPU's). Returns whether the host's peak could be reset."""
     ok = reset_peak_rss()
     reset_peaks()
-    virt = sys.modules.get("vramlab.probes.virtual")
-    if virt is not None:
-        gpu = virt.active_virtual_gpu()
-        if gpu is not None:
-            gpu.reset_peak()
+    reset_provider_peaks()
     return ok
 
 
@@ -141,8 +52,6 @@ class Recorder:
 
         Returns a token to pass to :meth:`end`.
         """
-        from ._snapshot import snapshot
-
         keep = self.keep_peaks if keep_peaks is None else keep_peaks
         host_reset = False
         if not keep:
@@ -154,8 +63,6 @@ class Recorder:
         """Finish the record ``token`` (from :meth:`begin`); ``None`` when there is none."""
         if token is None:
             return None
-        from ._snapshot import snapshot
-
         s0, started, t0, count, keep, host_reset = token
         wall = time.perf_counter() - t0
         s1 = snapshot()

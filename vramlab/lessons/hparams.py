@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
+from ..runtime.oom import drop_traceback, is_oom
+
 __all__ = ["Fit", "polyfit", "Grid", "feasible_grid", "ConvNet", "naive_attention"]
 
 
@@ -91,17 +93,15 @@ def feasible_grid(step: Callable[[Any, Any], int], rows: Sequence[Any], cols: Se
     """
     import gc
 
-    from .batch import _drop, is_oom_error
-
     peaks: list[list[Optional[int]]] = [[None] * len(cols) for _ in rows]
     for j, c in enumerate(cols):
         for i, r in enumerate(rows):
             try:
                 peaks[i][j] = int(step(r, c))
             except Exception as e:  # noqa: BLE001 (re-raised unless it is an OOM)
-                if not is_oom_error(e):
+                if not is_oom(e):
                     raise
-                _drop(e)
+                drop_traceback(e)
                 del e
                 gc.collect()
                 peaks[i][j] = None

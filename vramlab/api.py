@@ -1,10 +1,22 @@
-"""The public functions behind the magics: watch, stop, last, history, plot, free."""
+"""The public functions behind the magics: watch, stop, last, plot, free.
+
+They join the runtime (the sampler, the records, the OOM tools) to the display (the
+monitor widget, the plot), which do not import each other. ``vramlab.watch()`` and the
+others are these functions; the widget and the plot are imported only when used
+(ipywidgets and matplotlib are not needed to load the extension).
+"""
 
 from __future__ import annotations
 
 import atexit
 import weakref
 from typing import Any, Optional
+
+from .model import CellRecord, FreedReport
+from .runtime.history import history
+from .runtime.oom import free_last_error
+from .runtime.records import get_recorder
+from .runtime.sampler import get_sampler
 
 __all__ = ["watch", "stop", "last", "plot", "free", "monitors"]
 
@@ -28,7 +40,6 @@ def watch(interval: Optional[float] = None) -> Any:
     Every monitor shares the kernel's one sampler thread.
     """
     from .display.widget import Monitor
-    from .sampler import get_sampler
 
     s = get_sampler()
     if interval is not None or not s.running:
@@ -47,15 +58,11 @@ def monitors() -> list[Any]:
 
 def stop() -> None:
     """Stop the sampler; every monitor freezes on its last reading and says so."""
-    from .sampler import get_sampler
-
     get_sampler().stop()
 
 
-def last() -> Any:
-    """The latest cell record (:class:`~vramlab.cells.CellRecord`), or ``None``."""
-    from .cells import get_recorder
-
+def last() -> Optional[CellRecord]:
+    """The latest cell record (:class:`~vramlab.model.CellRecord`), or ``None``."""
     h = get_recorder().history
     return h[-1] if h else None
 
@@ -63,20 +70,22 @@ def last() -> Any:
 def plot(last_s: Optional[float] = None) -> Any:
     """A matplotlib timeline of this kernel's history; returns the ``Figure``."""
     from .display.plot import plot_history
-    from ._history import history
 
     return plot_history(history(), last_s=last_s)
 
 
-def free() -> Any:
+def free() -> FreedReport:
     """Drop what the last traceback keeps alive, collect and empty the cache; report bytes freed."""
-    from .oom import free_last_error
+    return free_last_error(_running_shell())
 
-    shell = None
+
+def _running_shell() -> Any:
+    """The IPython shell running this code, or ``None``: IPython puts ``get_ipython`` into
+    the builtins while it runs a cell, so this needs no import of IPython."""
+    import builtins
+
+    get = getattr(builtins, "get_ipython", None)
     try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
+        return get() if callable(get) else None
     except Exception:
-        shell = None
-    return free_last_error(shell)
+        return None

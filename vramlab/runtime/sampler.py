@@ -20,10 +20,12 @@ import atexit
 import collections
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Deque, Optional
 
-__all__ = ["Sample", "Marker", "Sampler", "get_sampler", "DEFAULT_INTERVAL", "RING_SIZE"]
+from ..model import Marker, Sample
+from ..reconcile import snapshot
+
+__all__ = ["Sample", "Marker", "Sampler", "get_sampler", "existing_sampler", "DEFAULT_INTERVAL", "RING_SIZE"]
 
 DEFAULT_INTERVAL = 0.5  # seconds
 RING_SIZE = int(2 * 3600 / DEFAULT_INTERVAL)  # samples: 2 hours at the default rate
@@ -32,38 +34,8 @@ MAX_CONSECUTIVE_ERRORS = 20
 MIN_INTERVAL = 0.01  # seconds
 
 
-@dataclass(frozen=True)
-class Sample:
-    """A compact reading kept in the ring buffer. Sizes in bytes, time in seconds (epoch).
-
-    ``devices`` holds ``(id, allocated, reserved, used, total)`` per device, where
-    ``allocated``/``reserved`` are torch's (``None`` when torch has not used the device)
-    and ``used``/``total`` are the device's (NVML, or the virtual GPU's).
-    """
-
-    time: float
-    rss: int
-    peak: Optional[int]
-    host_used: int
-    available: int
-    limit: int
-    swap_used: Optional[int]
-    swap_in: Optional[int]
-    swap_out: Optional[int]
-    devices: tuple[tuple[str, Optional[int], Optional[int], Optional[int], Optional[int]], ...]
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A point on the timeline: ``kind`` is ``"cell"`` (a cell started) or ``"oom"``."""
-
-    time: float
-    kind: str
-    label: str
-
-
 def sample_from(snap: Any) -> Sample:
-    """Compress a :class:`~vramlab.Snapshot` into a :class:`Sample`."""
+    """Compress a :class:`~vramlab.model.Snapshot` into a :class:`~vramlab.model.Sample`."""
     h = snap.host
     scope_used = h.cgroup_usage if h.cgroup_usage is not None else h.used
     return Sample(
@@ -77,9 +49,7 @@ class Sampler:
     """The background sampler (use :func:`get_sampler` for the kernel's one)."""
 
     def __init__(self, read: Optional[Callable[[], Any]] = None, ring_size: int = RING_SIZE) -> None:
-        if read is None:
-            from ._snapshot import snapshot as read
-        self._read = read
+        self._read = snapshot if read is None else read
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -206,3 +176,8 @@ def get_sampler() -> Sampler:
             _SAMPLER = Sampler()
             atexit.register(_SAMPLER.stop, "interpreter exit")
         return _SAMPLER
+
+
+def existing_sampler() -> Optional[Sampler]:
+    """The kernel's sampler if one was created, else ``None`` (creates nothing)."""
+    return _SAMPLER

@@ -22,7 +22,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from .._sizes import format_bytes
+from ..units import format_bytes
 
 __all__ = ["PARTS", "Phase", "Anatomy", "trace_step", "storage_bytes"]
 

@@ -1,12 +1,13 @@
 """Fine-tuning on a budget, for lessons: an 8-bit AdamW, LoRA adapters on a frozen base, and
 the bytes per parameter of each way to train.
 
-- :class:`AdamW8bit` keeps AdamW's two moments in 8 bits (1 byte each instead of 4), with
+- :class:`Int8StateAdamW` keeps AdamW's two moments in 8 bits (1 byte each instead of 4), with
   one float32 scale per block of 2048 values. It is **not** bitsandbytes' algorithm (that
   uses a learned "dynamic" quantisation map and fused CUDA kernels); it uses a power-law
   companding map with the same storage: 2 bytes per parameter plus 2 x 4 / 2048 for scales.
+  (Its name says what it stores, and differs from bitsandbytes' ``AdamW8bit`` on purpose.)
   It is plain PyTorch, so it runs on the CPU, on CUDA and under ``FakeTensorMode`` (so
-  :func:`vramlab.lab.estimate` counts its state for a model you do not have). Each step
+  :func:`vramlab.sim.estimate.estimate` counts its state for a model you do not have). Each step
   dequantises one parameter's moments at a time: float32 temporaries of the largest
   parameter's size.
 - :class:`LoRALinear` and :func:`add_lora` freeze a model and add trainable low-rank
@@ -26,9 +27,9 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-__all__ = ["AdamW8bit", "LoRALinear", "add_lora", "training_bytes_per_parameter", "BLOCK"]
+__all__ = ["Int8StateAdamW", "LoRALinear", "add_lora", "training_bytes_per_parameter", "BLOCK"]
 
-#: Values per quantisation scale in :class:`AdamW8bit` (as in the 8-bit optimizers paper).
+#: Values per quantisation scale in :class:`Int8StateAdamW` (as in the 8-bit optimizers paper).
 BLOCK = 2048
 
 _OPT_STATE_FP32 = {"adamw": 8.0, "adam": 8.0, "sgd": 0.0, "sgd-momentum": 4.0, "adamw-8bit": 2.0 + 8.0 / BLOCK}
@@ -101,7 +102,7 @@ def _dequantize(q: torch.Tensor, scale: torch.Tensor, signed: bool, numel: int, 
     return v.view(-1)[:numel].view(shape)
 
 
-class AdamW8bit(torch.optim.Optimizer):
+class Int8StateAdamW(torch.optim.Optimizer):
     """AdamW with its moments stored in 8 bits, blockwise (see module docs).
 
     State per parameter: ``m`` (int8 codes), ``m_scale`` (float32 per block), ``v`` (uint8

@@ -1,6 +1,7 @@
-"""``python -m vramlab.sanitizer`` prints the path of the nbval sanitizer file shipped with vramlab.
+"""Helpers for testing notebooks that use vramlab.
 
-Use it as ``pytest --nbval-lax --nbval-sanitize-with "$(python -m vramlab.sanitizer)"``.
+``python -m vramlab.testing`` prints the path of the nbval sanitizer file shipped with
+vramlab; use it as ``pytest --nbval-lax --nbval-sanitize-with "$(python -m vramlab.testing)"``.
 """
 
 from __future__ import annotations

@@ -27,16 +27,16 @@ All sizes are in bytes.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import sys
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from .probes.host import HostReading, read_host
-from .probes.nvml import NvmlDevice, map_visible_devices, read_nvml
-from .probes.torch_ import TorchDevice, read_torch
+from .model import DEVICE_LAYERS, HOST_LAYERS, DeviceSnapshot, HostReading, HostSnapshot, Snapshot
+from .probes.cuda_order import map_visible_devices
+from .probes.host import read_host
+from .probes.nvml import NvmlDevice, read_nvml
+from .probes.torch_alloc import TorchDevice, read_torch
 
 __all__ = [
     "Snapshot",
@@ -47,132 +47,10 @@ __all__ = [
     "host_layers",
     "register_device_provider",
     "unregister_device_provider",
+    "reset_provider_peaks",
     "DEVICE_LAYERS",
     "HOST_LAYERS",
 ]
-
-#: Device layer keys, bottom to top, with their labels.
-DEVICE_LAYERS: dict[str, str] = {
-    "tensors": "tensors",
-    "torch_cache": "torch cache",
-    "context": "context & non-torch",
-    "unattributed": "unattributed",
-    "other_processes": "other processes",
-    "driver_reserved": "driver reserved",
-    "free": "free",
-}
-
-#: Host layer keys with their labels.
-HOST_LAYERS: dict[str, str] = {
-    "process": "this process",
-    "others": "others",
-    "out_of_reach": "out of reach",
-    "available": "available",
-}
-
-
-@dataclass(frozen=True)
-class HostSnapshot(HostReading):
-    """Host memory, in bytes (every field of :class:`~vramlab.probes.host.HostReading`),
-    with its reconciled layers (see module docs)."""
-
-    layers: tuple[tuple[str, int], ...]
-
-    def layer(self, key: str) -> int:
-        """The size of one layer in bytes (0 when absent)."""
-        return dict(self.layers).get(key, 0)
-
-
-@dataclass(frozen=True)
-class DeviceSnapshot:
-    """One accelerator, in bytes, reconciled across NVML and the torch allocator.
-
-    ``id`` is torch's name for the device (``cuda:0``), or ``nvml:N`` for an NVIDIA
-    GPU this process cannot see (hidden by CUDA_VISIBLE_DEVICES), or ``virtual:0``.
-    ``source`` says which readings it combines (``"nvml+torch"``, ``"nvml"``,
-    ``"torch"``, ``"virtual"``).
-    """
-
-    id: str
-    kind: str
-    name: Optional[str]
-    uuid: Optional[str]
-    source: str
-    nvml_index: Optional[int]
-    total: Optional[int]
-    free: Optional[int]
-    used: Optional[int]
-    driver_reserved: Optional[int]
-    process_used: Optional[int]
-    other_processes_used: Optional[int]
-    utilization: Optional[int]
-    torch_allocated: Optional[int]
-    torch_reserved: Optional[int]
-    torch_active: Optional[int]
-    torch_inactive_split: Optional[int]
-    torch_peak_allocated: Optional[int]
-    torch_peak_reserved: Optional[int]
-    num_ooms: Optional[int]
-    num_alloc_retries: Optional[int]
-    mem_info_free: Optional[int]
-    mem_info_total: Optional[int]
-    unified_memory: bool
-    layers: tuple[tuple[str, int], ...]
-
-    def layer(self, key: str) -> int:
-        """The size of one layer in bytes (0 when absent)."""
-        return dict(self.layers).get(key, 0)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A frozen reading of every layer. ``to_dict()`` is JSON-safe.
-
-    Attributes:
-        time: seconds since the epoch (``time.time()``).
-        host: the host reading.
-        devices: every accelerator, torch order first.
-        notes: one line for each reading that is missing, and why.
-    """
-
-    time: float
-    host: HostSnapshot
-    devices: tuple[DeviceSnapshot, ...]
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def device(self, id: str) -> DeviceSnapshot:
-        """The device named ``id`` (``"cuda:0"``); ``KeyError`` when absent."""
-        for d in self.devices:
-            if d.id == id:
-                return d
-        raise KeyError(f"no device {id!r} in this snapshot (have: {', '.join(d.id for d in self.devices) or 'none'})")
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict: sizes as ints in bytes, missing readings as ``None``."""
-        host = asdict(self.host)
-        host["layers"] = dict(self.host.layers)
-        devices = []
-        for d in self.devices:
-            dd = asdict(d)
-            dd["layers"] = dict(d.layers)
-            devices.append(dd)
-        return {
-            "time": self.time,
-            "time_iso": _dt.datetime.fromtimestamp(self.time, _dt.timezone.utc).isoformat(),
-            "host": host,
-            "devices": devices,
-            "notes": list(self.notes),
-        }
-
-    def __repr__(self) -> str:
-        ids = ", ".join(d.id for d in self.devices) or "no accelerators"
-        return f"<vramlab.Snapshot host + {ids}>"
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from .display.html import snapshot_html
-        from .display.text import snapshot_text
-
-        return {"text/plain": snapshot_text(self), "text/html": snapshot_html(self)}
 
 
 # --------------------------------------------------------------------------- reconciliation
@@ -239,22 +117,41 @@ def host_layers(h: HostReading) -> tuple[tuple[str, int], ...]:
 
 # --------------------------------------------------------------------------- providers (virtual devices)
 
-_PROVIDERS: list[Callable[[], list[DeviceSnapshot]]] = []
+DeviceProvider = Callable[[], "list[DeviceSnapshot]"]
+
+# provider -> its peak resetter (or None); insertion-ordered
+_PROVIDERS: dict[DeviceProvider, Optional[Callable[[], None]]] = {}
 _PROVIDERS_LOCK = threading.Lock()
 
 
-def register_device_provider(fn: Callable[[], list[DeviceSnapshot]]) -> None:
-    """Add a source of extra devices (the virtual GPU uses this). Idempotent."""
+def register_device_provider(fn: DeviceProvider, reset_peak: Optional[Callable[[], None]] = None) -> None:
+    """Add a source of extra devices; idempotent.
+
+    This is how layers above the core plug in without the core importing them: the
+    virtual GPU (:mod:`vramlab.sim`) registers itself while its context is active.
+    ``fn()`` returns the devices to add to every :func:`snapshot`; ``reset_peak()``, when
+    given, is called by per-cell records (:func:`reset_provider_peaks`) as they reset
+    torch's and the host's peak counters.
+    """
     with _PROVIDERS_LOCK:
-        if fn not in _PROVIDERS:
-            _PROVIDERS.append(fn)
+        _PROVIDERS[fn] = reset_peak
 
 
-def unregister_device_provider(fn: Callable[[], list[DeviceSnapshot]]) -> None:
+def unregister_device_provider(fn: DeviceProvider) -> None:
     """Remove a device source added by :func:`register_device_provider`."""
     with _PROVIDERS_LOCK:
-        if fn in _PROVIDERS:
-            _PROVIDERS.remove(fn)
+        _PROVIDERS.pop(fn, None)
+
+
+def reset_provider_peaks() -> None:
+    """Reset the peak of every registered provider that has a resetter. Never raises."""
+    with _PROVIDERS_LOCK:
+        resetters = [r for r in _PROVIDERS.values() if r is not None]
+    for r in resetters:
+        try:
+            r()
+        except Exception:
+            pass
 
 
 # --------------------------------------------------------------------------- snapshot()

@@ -14,12 +14,14 @@ from __future__ import annotations
 import gc
 import re
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ._sizes import format_bytes, parse_size
+from ..model import FreedReport, OOMExplanation
+from ..reconcile import snapshot
+from ..units import format_bytes, parse_size
 
-__all__ = ["OOMExplanation", "FreedReport", "is_oom", "parse_oom_message", "explain_oom", "free_last_error"]
+__all__ = ["OOMExplanation", "FreedReport", "is_oom", "drop_traceback", "parse_oom_message", "explain_oom",
+           "free_last_error"]
 
 _SIZE = r"([0-9.]+\s*(?:bytes|B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB))"
 _PATTERNS = {
@@ -31,20 +33,55 @@ _PATTERNS = {
     "process_in_use": re.compile(r"(?:Process \d+|Including non-PyTorch memory, this process) has " + _SIZE
                                  + r" memory in use", re.I),
 }
-_DEVICE = re.compile(r"(CUDA|XPU|MPS|virtual GPU|GPU)\s*(\d+)?", re.I)
 _GPU_INDEX = re.compile(r"GPU (\d+) has a total capacity", re.I)
 _BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch")
 
 
 def is_oom(exc: Optional[BaseException]) -> bool:
-    """Whether ``exc`` is a device out-of-memory error (without importing torch)."""
+    """Whether ``exc`` is a device out-of-memory error, without importing torch.
+
+    ``torch.OutOfMemoryError`` (CUDA's caching allocator and the virtual GPU), or a
+    ``RuntimeError`` whose message says ``out of memory`` (HIP, XPU, MPS, and CUDA errors
+    raised outside the caching allocator, such as ``CUDA error: out of memory``).
+    """
     if exc is None:
         return False
     for cls in type(exc).__mro__:
         if cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch"):
             return True
-    msg = str(exc)
-    return isinstance(exc, RuntimeError) and "out of memory" in msg.lower() and "Tried to allocate" in msg
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def drop_traceback(exc: Optional[BaseException]) -> list[str]:
+    """Release what a caught exception keeps alive: clear the locals of every frame in its
+    traceback and in those of its chained exceptions (``__cause__``/``__context__``), then
+    detach the tracebacks, so that the tensors of a failed step can be freed.
+
+    Returns one ``"frames of <type>"`` entry per exception whose frames were cleared
+    (a frame that is still executing cannot be cleared and is left alone).
+    """
+    cleared: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if _clear_frames(exc.__traceback__):
+            cleared.append(f"frames of {type(exc).__name__}")
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+    return cleared
+
+
+def _clear_frames(tb: Any) -> int:
+    """Clear the frames of one traceback; returns how many could be cleared."""
+    n = 0
+    while tb is not None:
+        try:
+            tb.tb_frame.clear()
+            n += 1
+        except RuntimeError:
+            pass  # a frame still executing
+        tb = tb.tb_next
+    return n
 
 
 def parse_oom_message(message: str) -> dict[str, Optional[int]]:
@@ -62,55 +99,6 @@ def parse_oom_message(message: str) -> dict[str, Optional[int]]:
     g = _GPU_INDEX.search(message)
     out["gpu_index"] = int(g.group(1)) if g else None
     return out
-
-
-@dataclass(frozen=True)
-class OOMExplanation:
-    """What an OOM asked for and what could be done. Sizes in bytes."""
-
-    message: str
-    requested: Optional[int]
-    total: Optional[int]
-    free: Optional[int]
-    reserved_unallocated: Optional[int]
-    torch_allocated: Optional[int]
-    shortfall: Optional[int]
-    consumers: tuple[tuple[str, int, str], ...]
-    suggestions: tuple[str, ...]
-    batch_size: Optional[int] = None
-    fitting_batch_size: Optional[int] = None
-
-    def text(self) -> str:
-        """A plain-text explanation."""
-        lines = ["[vramlab] out of memory"]
-        if self.requested is not None:
-            lines.append(f"  requested            {format_bytes(self.requested)}")
-        if self.free is not None:
-            lines.append(f"  free on the device   {format_bytes(self.free)}"
-                         + (f" of {format_bytes(self.total)}" if self.total else ""))
-        if self.reserved_unallocated is not None:
-            lines.append(f"  cached, unallocated  {format_bytes(self.reserved_unallocated)} (reserved by torch, fragmented)")
-        if self.shortfall is not None:
-            lines.append(f"  short by             {format_bytes(self.shortfall)}")
-        if self.consumers:
-            lines.append("  largest live consumers:")
-            for name, n, where in self.consumers:
-                lines.append(f"    {name:<24}{format_bytes(n):>12}  {where}")
-        if self.suggestions:
-            lines.append("  what to try, most effective first:")
-            lines.extend(f"    {i}. {s}" for i, s in enumerate(self.suggestions, 1))
-        lines.append("  then run %vram free to release what the traceback keeps alive")
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return "<vramlab.OOMExplanation>"
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        import html
-
-        return {"text/plain": self.text(),
-                "text/html": f'<pre class="vramlab-oom" style="border-left:3px solid #e15759;padding-left:6px">'
-                             f"{html.escape(self.text())}</pre>"}
 
 
 def _live_consumers(ns: Optional[dict[str, Any]], limit: int = 5) -> list[tuple[str, int, str]]:
@@ -163,7 +151,7 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
         exc: the exception.
         user_ns: the namespace to search for live tensors, modules, optimizers and a
             batch size variable (``batch_size``, ``bs``, ``batch``).
-        record: the cell's :class:`~vramlab.cells.CellRecord`, when one was taken: its
+        record: the cell's :class:`~vramlab.model.CellRecord`, when one was taken: its
             allocation during the cell gives the measured per-sample cost.
     """
     msg = str(exc)
@@ -214,42 +202,6 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
                           suggestions=tuple(suggestions), batch_size=bs, fitting_batch_size=fit_bs)
 
 
-@dataclass(frozen=True)
-class FreedReport:
-    """Bytes returned by :func:`free_last_error`: host RSS, and per device allocated/reserved."""
-
-    host: int
-    devices: tuple[tuple[str, int, int], ...] = field(default_factory=tuple)
-    cleared: tuple[str, ...] = field(default_factory=tuple)
-
-    def text(self) -> str:
-        """One line per layer."""
-        lines = [f"[vramlab] freed: host RSS {format_bytes(self.host)}"]
-        for id_, alloc, reserved in self.devices:
-            lines.append(f"  {id_}: allocated {format_bytes(alloc)}, reserved {format_bytes(reserved)}")
-        if self.cleared:
-            lines.append("  dropped: " + ", ".join(self.cleared))
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return "<vramlab.FreedReport>"
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text()}
-
-
-def _clear_traceback(tb: Any) -> int:
-    n = 0
-    while tb is not None:
-        try:
-            tb.tb_frame.clear()
-            n += 1
-        except RuntimeError:
-            pass  # a frame still executing
-        tb = tb.tb_next
-    return n
-
-
 def free_last_error(shell: Any = None) -> FreedReport:
     """Drop the last exception and everything its frames keep alive, collect, empty the cache.
 
@@ -258,21 +210,11 @@ def free_last_error(shell: Any = None) -> FreedReport:
     copy of the last traceback, then runs ``gc.collect()`` and, where torch has
     initialised CUDA, ``torch.cuda.empty_cache()``.
     """
-    from ._snapshot import snapshot
-
     before = snapshot()
-    cleared: list[str] = []
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     tb = getattr(sys, "last_traceback", None)
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if _clear_traceback(exc.__traceback__):
-            cleared.append(f"frames of {type(exc).__name__}")
-        exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
-    if tb is not None:
-        _clear_traceback(tb)
+    cleared = drop_traceback(exc)
+    _clear_frames(tb)
     for name in ("last_exc", "last_value", "last_traceback", "last_type"):
         if getattr(sys, name, None) is not None:
             setattr(sys, name, None)

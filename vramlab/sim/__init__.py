@@ -1,0 +1,63 @@
+"""The simulator: run memory questions on a machine without the GPU they are about.
+
+- :mod:`vramlab.sim.ledger`: :class:`Ledger`, the storage accounting (a ``TorchDispatchMode``)
+  that the two below share.
+- :mod:`vramlab.sim.virtual_gpu`: :class:`VirtualGPU`, a GPU of a given capacity on the CPU,
+  with exact storage accounting and CUDA-shaped OOMs.
+- :mod:`vramlab.sim.presets`: real GPUs (memory, bandwidth, host link), by name.
+- :mod:`vramlab.sim.estimate`: :func:`estimate`, one step under ``FakeTensorMode``: the
+  peak and its breakdown without real memory, and whether it fits a preset.
+- :mod:`vramlab.sim.batch_finder`: :func:`find_max_batch_size`, the exact largest batch that fits.
+
+Everything here but the presets needs torch; importing this package does not import it.
+The core of vramlab never imports this package: the virtual GPU joins :func:`vramlab.snapshot`
+by registering itself as a device provider while it is active. All sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .presets import CUDA_CONTEXT_OVERHEAD, GPU_PRESETS, GPUPreset, get_preset, preset_names
+
+__all__ = [
+    "GPU_PRESETS",
+    "GPUPreset",
+    "CUDA_CONTEXT_OVERHEAD",
+    "get_preset",
+    "preset_names",
+    "Ledger",
+    "VirtualGPU",
+    "estimate",
+    "measure",
+    "Estimate",
+    "find_max_batch_size",
+    "BatchSearch",
+    "Trial",
+]
+
+_LAZY = {
+    "Ledger": ("ledger", "Ledger"),
+    "VirtualGPU": ("virtual_gpu", "VirtualGPU"),
+    "estimate": ("estimate", "estimate"),
+    "measure": ("estimate", "measure"),
+    "Estimate": ("estimate", "Estimate"),
+    "find_max_batch_size": ("batch_finder", "find_max_batch_size"),
+    "BatchSearch": ("batch_finder", "BatchSearch"),
+    "Trial": ("batch_finder", "Trial"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{mod}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vramlab.sim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

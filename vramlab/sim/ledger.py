@@ -1,0 +1,433 @@
+"""The storage ledger that the virtual GPU and the estimator share.
+
+How the accounting works (see ``docs/virtual-gpu.md`` for the full semantics):
+
+- a ``TorchDispatchMode`` sees every aten operator; after each one, every output whose
+  untyped storage is new (not an alias of an input, by the operator's schema) is counted
+  with its ``nbytes()``, once per storage: views share their base's storage;
+- a weakref callback on each counted storage subtracts it when the storage is freed,
+  inside the context or after it (figures stay correct after ``__exit__``);
+- ``resize_`` (``Tensor.resize_``, ``out=`` arguments that grow, and
+  ``UntypedStorage.resize_``) updates the storage's size in place;
+- the capacity is checked before the storage is counted: on overflow the operator's
+  outputs are dropped, the OOM is raised and nothing of that operator stays counted.
+
+This module imports torch. All sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["Ledger", "LedgerHooks", "CATEGORIES", "CUDA_BLOCK_SIZE", "storage_of"]
+
+#: Breakdown categories, in display order.
+CATEGORIES: tuple[str, ...] = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "other")
+
+#: The CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
+#: (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp); ``memory_allocated`` counts
+#: the rounded sizes. ``round_blocks=True`` models that.
+CUDA_BLOCK_SIZE = 512
+
+# Categories that a later, weaker classification never overrides.
+_OWNED = frozenset(("parameters", "buffers", "gradients", "optimizer_state"))
+
+_ALIAS_CACHE: dict[Any, tuple[bool, ...]] = {}
+_FRESH_OPS: set[Any] = set()
+for _name in ("lift_fresh", "lift_fresh_copy", "lift"):
+    _op = getattr(torch.ops.aten, _name, None)
+    if _op is not None:
+        _FRESH_OPS.add(_op.default)
+_RESIZE_OPS = {torch.ops.aten.resize_.default}
+_RESIZE_AS_OPS = {torch.ops.aten.resize_as_.default}
+
+
+
+def _alias_flags(func: Any) -> tuple[bool, ...]:
+    flags = _ALIAS_CACHE.get(func)
+    if flags is None:
+        try:
+            flags = tuple(r.alias_info is not None for r in func._schema.returns)
+        except Exception:
+            flags = ()
+        _ALIAS_CACHE[func] = flags
+    return flags
+
+
+def storage_of(t: Any) -> Optional[torch.UntypedStorage]:
+    try:
+        return t.untyped_storage()
+    except Exception:  # sparse, nested, wrapper subclasses without a storage
+        return None
+
+
+class _Rec:
+    __slots__ = ("raw", "counted", "cat", "ref", "saved")
+
+    def __init__(self, raw: int, counted: int, cat: str) -> None:
+        self.raw = raw          # storage nbytes as last seen
+        self.counted = counted  # bytes in the books (rounded when round_blocks)
+        self.cat = cat
+        self.ref: Any = None
+        self.saved = 0          # how many autograd saved-tensor slots hold it
+
+
+class _Saved:
+    """What the pack hook stores for a counted non-parameter tensor: the tensor, and on
+    release (autograd frees its saved tensors) the storage leaves ``activations``."""
+
+    __slots__ = ("t", "rec", "acct")
+
+    def __init__(self, t: torch.Tensor, rec: _Rec, acct: "Ledger") -> None:
+        # Detached: same storage, no grad_fn. Holding ``t`` itself would make a cycle
+        # (t -> grad_fn -> saved slot -> this -> t) that Python's GC cannot see through the
+        # autograd graph, so a forward that never reaches backward (an OOM midway, or
+        # inference with grad on) would leak its activations, in the books and in RAM.
+        self.t = t.detach()
+        self.rec = rec
+        self.acct = acct
+        rec.saved += 1
+
+    def __del__(self) -> None:
+        rec = self.rec
+        rec.saved -= 1
+        if rec.saved <= 0 and rec.cat == "activations":
+            self.acct.move(rec, "other")
+
+
+class Ledger(TorchDispatchMode):
+    """The storage ledger: a ``TorchDispatchMode`` that counts every new storage, once, in bytes.
+
+    :class:`~vramlab.sim.virtual_gpu.VirtualGPU` runs it over real CPU tensors and
+    :func:`~vramlab.sim.estimate.estimate` over fake ones (``fake=True``); the two count
+    alike, which is why an estimate equals the VirtualGPU's measurement of the same step.
+
+    Args:
+        budget: bytes tensors may hold; ``None`` means no capacity (never raises).
+        round_blocks: count each storage rounded up to :data:`CUDA_BLOCK_SIZE` bytes.
+        fake: count fake tensors (``FakeTensorMode``) instead of real CPU tensors.
+        on_oom: ``on_oom(requested, pending)`` builds the exception raised on overflow.
+
+    Readings (bytes): ``allocated``, ``peak``, ``cats`` and ``peak_cats`` (per category of
+    :data:`CATEGORIES`, now and at the peak), ``num_ooms``. Enter it (``with ledger:``) to
+    count; :class:`LedgerHooks` classifies what it counts.
+    """
+
+    def __init__(self, budget: Optional[int], *, round_blocks: bool = False, fake: bool = False,
+                 on_oom: Optional[Callable[[int, int], BaseException]] = None) -> None:
+        super().__init__()
+        self.budget = budget
+        self.round_blocks = round_blocks
+        self.fake = fake
+        self.on_oom = on_oom
+        self.allocated = 0
+        self.peak = 0
+        self.num_ooms = 0
+        self.cats: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.peak_cats: dict[str, int] = dict(self.cats)
+        self.table: dict[int, _Rec] = {}
+        self.lock = threading.RLock()
+        self.in_optimizer = 0
+        self.thread: Optional[int] = None
+        self._fake_cls: Any = None
+        if fake:
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            self._fake_cls = FakeTensor
+        else:
+            try:
+                from torch._subclasses.fake_tensor import FakeTensor
+
+                self._fake_cls = FakeTensor
+            except Exception:  # pragma: no cover
+                self._fake_cls = None
+
+    # ------------------------------------------------------------------ books
+
+    def size_of(self, raw: int) -> int:
+        """Bytes an allocation of ``raw`` bytes takes in the books."""
+        if self.round_blocks and raw > 0:
+            return -(-raw // CUDA_BLOCK_SIZE) * CUDA_BLOCK_SIZE
+        return raw
+
+    def counts(self, t: Any) -> bool:
+        """Whether this tensor is one this ledger accounts (real vs fake, device)."""
+        is_fake = self._fake_cls is not None and isinstance(t, self._fake_cls)
+        if self.fake:
+            return is_fake
+        return not is_fake and t.device.type == "cpu"
+
+    def _bump_peak(self) -> None:
+        if self.allocated > self.peak:
+            self.peak = self.allocated
+            self.peak_cats = dict(self.cats)
+
+    def _oom(self, requested: int, pending: int) -> BaseException:
+        self.num_ooms += 1
+        if self.on_oom is not None:
+            return self.on_oom(requested, pending)
+        return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
+
+    def check(self, extra: int, pending: int = 0) -> None:
+        if self.budget is not None and extra > 0 and self.allocated + pending + extra > self.budget:
+            raise self._oom(extra, pending)
+
+    def _free(self, key: int) -> None:
+        rec = self.table.pop(key, None)
+        if rec is not None:
+            with self.lock:
+                self.allocated -= rec.counted
+                self.cats[rec.cat] -= rec.counted
+
+    def _add(self, st: torch.UntypedStorage, raw: int, counted: int, cat: str) -> None:
+        key = id(st)
+        rec = _Rec(raw, counted, cat)
+        rec.ref = weakref.ref(st, lambda _r, k=key, s=self: s._free(k))
+        with self.lock:
+            self.table[key] = rec
+            self.allocated += counted
+            self.cats[cat] += counted
+
+    def _regrow(self, st: torch.UntypedStorage, rec: _Rec, check: bool = True) -> None:
+        raw = st.nbytes()
+        if raw == rec.raw:
+            return
+        counted = self.size_of(raw)
+        delta = counted - rec.counted
+        if check:
+            self.check(delta)
+        with self.lock:
+            rec.raw = raw
+            rec.counted = counted
+            self.allocated += delta
+            self.cats[rec.cat] += delta
+        self._bump_peak()
+
+    def admit(self, storages: list[torch.UntypedStorage], cat: str) -> int:
+        """Count new storages all-or-nothing; raise the OOM when they do not fit. Returns bytes."""
+        sizes = []
+        pending = 0
+        seen: set[int] = set()
+        for st in storages:
+            k = id(st)
+            if k in seen or k in self.table:
+                continue
+            seen.add(k)
+            raw = st.nbytes()
+            counted = self.size_of(raw)
+            self.check(counted, pending)
+            pending += counted
+            sizes.append((st, raw, counted))
+        for st, raw, counted in sizes:
+            self._add(st, raw, counted, cat)
+        self._bump_peak()
+        return pending
+
+    def classify(self, t: Any, cat: str, *, force: bool = False) -> None:
+        """Move a tracked tensor's storage to ``cat``. Without ``force``, parameters, buffers,
+        gradients and optimizer state keep their category, and activations override only other."""
+        if t is None or not isinstance(t, torch.Tensor):
+            return
+        st = storage_of(t)
+        if st is not None:
+            self.classify_storage(st, cat, force=force)
+
+    def classify_storage(self, st: torch.UntypedStorage, cat: str, *, force: bool = False) -> None:
+        """:meth:`classify` for a storage."""
+        rec = self.table.get(id(st))
+        if rec is None or rec.cat == cat:
+            return
+        if not force and (rec.cat in _OWNED or cat == "other"):
+            return
+        self.move(rec, cat)
+
+    def move(self, rec: _Rec, cat: str) -> None:
+        """Move one record's bytes to another category."""
+        with self.lock:
+            if rec.ref is not None and rec.ref() is None:
+                return  # already freed
+            self.cats[rec.cat] -= rec.counted
+            self.cats[cat] += rec.counted
+            rec.cat = cat
+
+    def pack(self, t: torch.Tensor) -> Any:
+        """The saved-tensors pack hook: a counted non-parameter tensor becomes an activation."""
+        st = storage_of(t)
+        rec = self.table.get(id(st)) if st is not None else None
+        if rec is None or rec.cat in _OWNED:
+            return t
+        if rec.cat != "activations":
+            self.move(rec, "activations")
+        return _Saved(t, rec, self)
+
+    def tracked(self, t: Any) -> bool:
+        """Whether the tensor's storage is in the books."""
+        st = storage_of(t) if isinstance(t, torch.Tensor) else None
+        return st is not None and id(st) in self.table
+
+    def reset_peak(self) -> None:
+        """Set the peak to what is allocated now."""
+        with self.lock:
+            self.peak = self.allocated
+            self.peak_cats = dict(self.cats)
+
+    # ------------------------------------------------------------------ resize
+
+    def _precheck_resize(self, t: Any, numel: int) -> None:
+        if not isinstance(t, torch.Tensor) or not self.counts(t):
+            return
+        st = storage_of(t)
+        if st is None:
+            return
+        rec = self.table.get(id(st))
+        if rec is None:
+            return
+        need = (t.storage_offset() + numel) * t.element_size() if numel > 0 else 0
+        if need > rec.raw:
+            self.check(self.size_of(need) - rec.counted)
+
+    def storage_resize(self, orig: Callable[..., Any], st: torch.UntypedStorage, size: int) -> Any:
+        """``UntypedStorage.resize_`` while active: check, resize, update the books."""
+        rec = self.table.get(id(st))
+        if rec is not None:
+            self.check(self.size_of(int(size)) - rec.counted)
+        out = orig(st, size)
+        if rec is not None:
+            self._regrow(st, rec, check=False)
+        return out
+
+    # ------------------------------------------------------------------ dispatch
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _RESIZE_OPS:
+            self._precheck_resize(args[0], math.prod(int(s) for s in args[1]))
+        elif func in _RESIZE_AS_OPS and isinstance(args[1], torch.Tensor):
+            self._precheck_resize(args[0], args[1].numel())
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            self._account(func, (out,), True)
+        elif isinstance(out, (tuple, list)) and out:
+            self._account(func, out, False)
+        return out
+
+    def _account(self, func: Any, outs: Any, single: bool) -> None:
+        flags = _alias_flags(func)
+        fresh = func in _FRESH_OPS
+        new: list[torch.UntypedStorage] = []
+        for i, o in enumerate(outs):
+            alias = flags[0] if single and flags else (flags[i] if i < len(flags) else False)
+            if isinstance(o, torch.Tensor):
+                self._one(o, alias and not fresh, new)
+            elif isinstance(o, (list, tuple)):  # Tensor[] returns (split, foreach ops)
+                for t in o:
+                    if isinstance(t, torch.Tensor):
+                        self._one(t, alias and not fresh, new)
+        if new:
+            self.admit(new, "optimizer_state" if self.in_optimizer else "other")
+
+    def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
+        if not self.counts(t):
+            return
+        st = storage_of(t)
+        if st is None:
+            return
+        rec = self.table.get(id(st))
+        if rec is not None:
+            if rec.raw != st.nbytes():
+                self._regrow(st, rec)
+        elif not alias:
+            new.append(st)
+
+
+# ---------------------------------------------------------------------- hooks
+
+
+class LedgerHooks:
+    """Module, autograd and optimizer hooks that classify a :class:`Ledger`'s storages for
+    the breakdown: parameters and buffers (forward pre-hooks), gradients (post-accumulate
+    hooks), optimizer state (optimizer step hooks), activations (saved-tensor hooks).
+    ``install()`` registers them for the calling thread; ``remove()`` takes them all away."""
+
+    def __init__(self, acct: Ledger) -> None:
+        self.acct = acct
+        self.handles: list[Any] = []
+        self.grad_hooks = WeakIdKeyDictionary()
+        self.saved: Any = None
+
+    def hook_param(self, p: torch.Tensor) -> None:
+        if p.requires_grad and p not in self.grad_hooks:
+            acct = self.acct
+            self.grad_hooks[p] = p.register_post_accumulate_grad_hook(
+                lambda q: acct.classify(q.grad, "gradients", force=True))
+
+    def classify_module(self, m: torch.nn.Module, recurse: bool) -> None:
+        acct = self.acct
+        for p in m.parameters(recurse=recurse):
+            acct.classify(p, "parameters", force=True)
+            if p.grad is not None:
+                acct.classify(p.grad, "gradients", force=True)
+            self.hook_param(p)
+        for b in m.buffers(recurse=recurse):
+            acct.classify(b, "buffers", force=True)
+
+    def classify_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        acct = self.acct
+        for g in opt.param_groups:
+            for p in g["params"]:
+                acct.classify(p, "parameters", force=True)
+                if p.grad is not None:
+                    acct.classify(p.grad, "gradients", force=True)
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    acct.classify(v, "optimizer_state", force=True)
+
+    def install(self) -> None:
+        acct = self.acct
+        me = threading.get_ident()
+
+        def fwd_pre(module: torch.nn.Module, inputs: Any) -> None:
+            if threading.get_ident() == me:
+                self.classify_module(module, recurse=False)
+
+        def opt_pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() == me:
+                self.classify_optimizer(opt)
+                acct.in_optimizer += 1
+
+        def opt_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() == me:
+                acct.in_optimizer = max(acct.in_optimizer - 1, 0)
+                self.classify_optimizer(opt)
+
+        def unpack(x: Any) -> torch.Tensor:
+            return x.t if type(x) is _Saved else x
+
+        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.handles = [register_module_forward_pre_hook(fwd_pre),
+                        register_optimizer_step_pre_hook(opt_pre),
+                        register_optimizer_step_post_hook(opt_post)]
+        self.saved = torch.autograd.graph.saved_tensors_hooks(acct.pack, unpack)
+        self.saved.__enter__()
+
+    def remove(self) -> None:
+        if self.saved is not None:
+            self.saved.__exit__(None, None, None)
+            self.saved = None
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        for h in list(self.grad_hooks.values()):
+            h.remove()
+        self.grad_hooks = WeakIdKeyDictionary()
+        self.acct.in_optimizer = 0

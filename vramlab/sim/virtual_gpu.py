@@ -1,0 +1,391 @@
+"""A virtual GPU for CPU-only machines: exact accounting of tensor storages, a capacity, OOMs.
+
+``VirtualGPU(capacity)`` is a context manager. While it is active, every tensor storage
+created on the CPU by the thread that entered it is counted, exactly, in bytes; an
+allocation that would exceed the capacity raises :class:`torch.OutOfMemoryError` with
+the message CUDA's caching allocator writes, so code that detects a CUDA OOM (accelerate's
+``should_reduce_batch_size``, Lightning's ``is_oom_error``, :mod:`vramlab.runtime.oom`) treats it
+as one. While active it appears in :func:`vramlab.snapshot` as the device ``virtual:0``.
+
+The accounting is :class:`~vramlab.sim.ledger.Ledger`'s (see ``docs/virtual-gpu.md``).
+
+This module imports torch; ``import vramlab`` does not import it. It never imports IPython.
+All sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from ..model import DeviceSnapshot
+from ..reconcile import device_layers, register_device_provider, unregister_device_provider
+from ..units import format_bytes, parse_size
+from .ledger import CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, storage_of
+from .presets import get_preset
+
+__all__ = [
+    "VirtualGPU",
+    "active_virtual_gpu",
+    "CATEGORIES",
+    "CUDA_BLOCK_SIZE",
+    "cuda_format_size",
+    "cuda_oom_message",
+]
+
+_ACTIVE: Optional["VirtualGPU"] = None
+_ACTIVE_LOCK = threading.Lock()
+
+
+def active_virtual_gpu() -> Optional["VirtualGPU"]:
+    """The VirtualGPU whose context is active now (in any thread), or ``None``."""
+    return _ACTIVE
+
+
+def cuda_format_size(n: int) -> str:
+    """Format bytes exactly as CUDA's caching allocator does in its OOM message
+    (``format_size`` in c10/cuda/CUDACachingAllocator.cpp): ``512 bytes``, ``2.00 MiB``."""
+    if n <= 1024:
+        return f"{n} bytes"
+    if n <= 1048576:
+        return f"{n / 1024.0:.2f} KiB"
+    if n <= 1073741824:
+        return f"{n / 1048576.0:.2f} MiB"
+    return f"{n / 1073741824.0:.2f} GiB"
+
+
+def cuda_oom_message(requested: int, total: int, free: int, process_used: int, allocated: int,
+                     name: Optional[str] = None) -> str:
+    """The text of CUDA's caching-allocator OOM (torch 2.x wording), for GPU 0, in bytes,
+    followed by one sentence saying that the device is vramlab's virtual GPU."""
+    where = f"vramlab's virtual GPU{f' {name!r}' if name else ''} (virtual:0), simulated on the CPU"
+    return (
+        f"CUDA out of memory. Tried to allocate {cuda_format_size(requested)}. "
+        f"GPU 0 has a total capacity of {cuda_format_size(total)} of which {cuda_format_size(max(free, 0))} is free. "
+        f"Including non-PyTorch memory, this process has {cuda_format_size(process_used)} memory in use. "
+        f"Of the allocated memory {cuda_format_size(allocated)} is allocated by PyTorch, and 0 bytes is reserved "
+        f"by PyTorch but unallocated. This device is {where}: the allocation was refused and nothing of it "
+        f"is counted."
+    )
+
+
+
+# ---------------------------------------------------------------------- VirtualGPU
+
+
+@dataclass(frozen=True)
+class _Spec:
+    capacity: int
+    name: Optional[str]
+    context: int
+    preset: Optional[str]
+
+
+def _resolve_capacity(capacity: Union[int, str], name: Optional[str], context: Optional[int]) -> _Spec:
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, str)):
+        raise ValueError(f"capacity must be bytes (int), a size such as '16GiB', or a GPU preset name; "
+                         f"got {capacity!r}")
+    preset = None
+    if isinstance(capacity, str):
+        try:
+            total = parse_size(capacity)
+        except ValueError:
+            try:
+                p = get_preset(capacity)
+            except ValueError as e:
+                raise ValueError(f"capacity {capacity!r} is neither a size (e.g. '16GiB') nor a GPU preset: {e}") from None
+            total, preset = p.memory, p.name
+            if context is None:
+                context = p.context_overhead
+    else:
+        if capacity < 0:
+            raise ValueError(f"capacity must be positive; got {capacity} bytes")
+        total = capacity
+    if total <= 0:
+        raise ValueError(f"capacity must be positive; got {capacity!r} ({total} bytes)")
+    context = 0 if context is None else int(context)
+    if context < 0 or context >= total:
+        raise ValueError(f"context overhead {context} bytes must be in [0, capacity={total})")
+    return _Spec(capacity=total, name=name or preset, context=context, preset=preset)
+
+
+class VirtualGPU:
+    """A GPU of ``capacity`` bytes, simulated on the CPU with exact storage accounting.
+
+    Args:
+        capacity: bytes (``16 * 2**30``), a size (``"16GiB"``, ``"512MB"``) or a GPU preset
+            name (``"T4"``, ``"A100-80GB"``: see :mod:`vramlab.sim.presets`).
+        name: the device's name in ``snapshot()`` (default: the preset's name, else
+            ``"virtual GPU"``).
+        round_blocks: count each storage rounded up to a multiple of 512 bytes, as the CUDA
+            caching allocator does, so that ``allocated`` predicts a real card's
+            ``torch.cuda.memory_allocated``. Off by default: figures are exact ``nbytes``.
+        context_overhead: bytes the CUDA context takes on the card (not available to
+            tensors). Default: the preset's modelled overhead
+            (:data:`vramlab.sim.presets.CUDA_CONTEXT_OVERHEAD`) for a preset, 0 for a size.
+
+    Use::
+
+        with VirtualGPU("T4") as gpu:
+            model = make_model(); loss = model(x).sum(); loss.backward()
+        gpu.peak, gpu.breakdown()
+
+    Semantics (``docs/virtual-gpu.md``): one VirtualGPU is active at a time in a process
+    (entering a second raises ``ValueError``; re-entering the same one after it exited
+    resumes its books). Only operations of the thread that entered it are counted; frees
+    are counted from any thread, and after ``__exit__`` (figures stay correct while
+    tensors die). Tensors that existed before are not counted unless ``adopt()``-ed.
+    """
+
+    def __init__(self, capacity: Union[int, str], name: Optional[str] = None, *, round_blocks: bool = False,
+                 context_overhead: Optional[int] = None) -> None:
+        spec = _resolve_capacity(capacity, name, context_overhead)
+        self._spec = spec
+        self.round_blocks = bool(round_blocks)
+        self._acct = Ledger(spec.capacity - spec.context, round_blocks=self.round_blocks,
+                                 on_oom=self._make_oom)
+        self._hooks = LedgerHooks(self._acct)
+        self._orig_resize: Any = None
+        self._active = False
+        self._provider = self._devices
+
+    # ---------------------------------------------------------------- readings
+
+    @property
+    def ledger(self) -> Ledger:
+        """The :class:`~vramlab.sim.ledger.Ledger` that keeps this device's books."""
+        return self._acct
+
+    @property
+    def capacity(self) -> int:
+        """The card's total memory in bytes (what ``total capacity`` says in an OOM)."""
+        return self._spec.capacity
+
+    @property
+    def context_overhead(self) -> int:
+        """Bytes modelled as taken by the CUDA context (0 unless a preset models it)."""
+        return self._spec.context
+
+    @property
+    def budget(self) -> int:
+        """Bytes available to tensors: ``capacity - context_overhead``."""
+        return self._spec.capacity - self._spec.context
+
+    @property
+    def name(self) -> str:
+        """The device's name (the preset's, when one was given)."""
+        return self._spec.name or "virtual GPU"
+
+    @property
+    def preset(self) -> Optional[str]:
+        """The preset's canonical name, or ``None`` for a plain size."""
+        return self._spec.preset
+
+    @property
+    def allocated(self) -> int:
+        """Bytes in live counted storages now (rounded to 512-byte blocks when ``round_blocks``)."""
+        return self._acct.allocated
+
+    @property
+    def peak(self) -> int:
+        """The highest ``allocated`` since creation or the last :meth:`reset_peak`, in bytes."""
+        return self._acct.peak
+
+    @property
+    def free(self) -> int:
+        """Bytes still available to tensors: ``budget - allocated``."""
+        return self.budget - self._acct.allocated
+
+    @property
+    def num_ooms(self) -> int:
+        """How many out-of-memory errors this device raised."""
+        return self._acct.num_ooms
+
+    @property
+    def active(self) -> bool:
+        """Whether the context is active now."""
+        return self._active
+
+    def reset_peak(self) -> None:
+        """Set the peak (and its breakdown) to what is allocated now."""
+        self._acct.reset_peak()
+
+    def breakdown(self, at: str = "current") -> dict[str, int]:
+        """Bytes per category, now (``at="current"``) or at the peak (``at="peak"``).
+
+        Categories: ``parameters``, ``buffers`` (module hooks and :meth:`adopt`),
+        ``gradients`` (post-accumulate-grad hooks), ``optimizer_state`` (optimizer step
+        hooks), ``activations`` (saved for backward: ``saved_tensors_hooks``), and ``other``
+        (inputs, outputs, temporaries). The values add up to ``allocated`` (or ``peak``).
+        """
+        if at == "current":
+            return dict(self._acct.cats)
+        if at == "peak":
+            return dict(self._acct.peak_cats)
+        raise ValueError(f"at must be 'current' or 'peak'; got {at!r}")
+
+    def is_tracked(self, t: torch.Tensor) -> bool:
+        """Whether this tensor's storage is counted on this device."""
+        return self._acct.tracked(t)
+
+    # ---------------------------------------------------------------- adopt
+
+    def adopt(self, obj: Any) -> int:
+        """Count tensors that already exist, as if moved onto this device. Returns bytes added.
+
+        ``obj`` is a tensor, a module (parameters, buffers, gradients), an optimizer (its
+        parameters, gradients and state), or a dict/iterable of these. Storages already
+        counted are skipped. All or nothing: when the lot does not fit, the OOM is raised
+        and none of it is counted.
+        """
+        groups: dict[str, list[torch.UntypedStorage]] = {c: [] for c in CATEGORIES}
+        modules: list[torch.nn.Module] = []
+        self._collect(obj, groups, modules, depth=0)
+        acct = self._acct
+        # one category per storage: the first in CATEGORIES wins (a parameter over "other")
+        cat_of: dict[int, tuple[str, torch.UntypedStorage]] = {}
+        for c in CATEGORIES:
+            for st in groups[c]:
+                cat_of.setdefault(id(st), (c, st))
+        fresh = [(c, st) for c, st in cat_of.values() if id(st) not in acct.table]
+        # check the whole lot first (all or nothing), then count it
+        pending = 0
+        for _c, st in fresh:
+            n = acct.size_of(st.nbytes())
+            acct.check(n, pending)
+            pending += n
+        added = 0
+        for c in CATEGORIES:
+            added += acct.admit([st for cc, st in fresh if cc == c], c)
+        for c, st in cat_of.values():  # already counted (created inside): give it its category
+            if c != "other":
+                acct.classify_storage(st, c, force=True)
+        for m in modules:
+            for p in m.parameters():
+                self._hooks.hook_param(p)
+        return added
+
+    def _collect(self, obj: Any, groups: dict[str, list], modules: list, depth: int) -> None:
+        if depth > 8 or obj is None:
+            return
+
+        def put(t: Any, cat: str) -> None:
+            if isinstance(t, torch.Tensor) and self._acct.counts(t):
+                st = storage_of(t)
+                if st is not None:
+                    groups[cat].append(st)
+
+        if isinstance(obj, torch.nn.Parameter):
+            put(obj, "parameters")
+            put(obj.grad, "gradients")
+        elif isinstance(obj, torch.Tensor):
+            put(obj, "other")
+        elif isinstance(obj, torch.nn.Module):
+            modules.append(obj)
+            for p in obj.parameters():
+                put(p, "parameters")
+                put(p.grad, "gradients")
+            for b in obj.buffers():
+                put(b, "buffers")
+        elif isinstance(obj, torch.optim.Optimizer):
+            for g in obj.param_groups:
+                for p in g["params"]:
+                    put(p, "parameters")
+                    put(p.grad, "gradients")
+            for state in obj.state.values():
+                for v in state.values():
+                    put(v, "optimizer_state")
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                self._collect(v, groups, modules, depth + 1)
+        elif isinstance(obj, (str, bytes)):
+            raise TypeError(f"cannot adopt {type(obj).__name__}")
+        elif isinstance(obj, Iterable):
+            for v in obj:
+                self._collect(v, groups, modules, depth + 1)
+        else:
+            raise TypeError(f"cannot adopt {type(obj).__name__}: pass a tensor, module, optimizer or iterable of them")
+
+    # ---------------------------------------------------------------- OOM
+
+    def _make_oom(self, requested: int, pending: int) -> BaseException:
+        alloc = self._acct.allocated + pending
+        used = alloc + self._spec.context
+        return torch.OutOfMemoryError(cuda_oom_message(
+            requested, self._spec.capacity, self._spec.capacity - used, used, alloc, self._spec.name))
+
+    # ---------------------------------------------------------------- snapshot provider
+
+    def device_snapshot(self) -> Any:
+        """This device as a :class:`vramlab.DeviceSnapshot` (``virtual:0``), in bytes."""
+        alloc = self._acct.allocated
+        used = alloc + self._spec.context
+        total = self._spec.capacity
+        return DeviceSnapshot(
+            id="virtual:0", kind="virtual", name=self.name, uuid=None, source="virtual", nvml_index=None,
+            total=total, free=max(total - used, 0), used=used, driver_reserved=None, process_used=used,
+            other_processes_used=0, utilization=None, torch_allocated=alloc, torch_reserved=alloc,
+            torch_active=alloc, torch_inactive_split=0, torch_peak_allocated=self._acct.peak,
+            torch_peak_reserved=self._acct.peak, num_ooms=self._acct.num_ooms, num_alloc_retries=0,
+            mem_info_free=max(total - used, 0), mem_info_total=total, unified_memory=False,
+            layers=device_layers(total, used, process_used=used, torch_reserved=alloc, torch_allocated=alloc),
+        )
+
+    def _devices(self) -> list:
+        return [self.device_snapshot()] if self._active else []
+
+    # ---------------------------------------------------------------- context
+
+    def __enter__(self) -> "VirtualGPU":
+        global _ACTIVE
+        with _ACTIVE_LOCK:
+            if _ACTIVE is not None:
+                which = "this VirtualGPU is already active" if _ACTIVE is self else \
+                    f"another VirtualGPU ({_ACTIVE.name}) is active"
+                raise ValueError(f"VirtualGPUs do not nest: {which}; leave it first")
+            _ACTIVE = self
+        try:
+            acct = self._acct
+            acct.thread = threading.get_ident()
+            orig = torch.UntypedStorage.resize_
+            self._orig_resize = orig
+
+            def resize_(st: torch.UntypedStorage, size: int) -> Any:
+                if threading.get_ident() != acct.thread:
+                    return orig(st, size)
+                return acct.storage_resize(orig, st, size)
+
+            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+            self._hooks.install()
+            acct.__enter__()
+            self._active = True
+            register_device_provider(self._provider, self.reset_peak)
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._teardown()
+
+    def _teardown(self) -> None:
+        global _ACTIVE
+        unregister_device_provider(self._provider)
+        if self._active:
+            self._acct.__exit__(None, None, None)
+        self._active = False
+        self._hooks.remove()
+        if self._orig_resize is not None:
+            torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+            self._orig_resize = None
+        with _ACTIVE_LOCK:
+            if _ACTIVE is self:
+                _ACTIVE = None
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "inactive"
+        return (f"<vramlab.VirtualGPU {self.name!r} {format_bytes(self.capacity)}, {state}: "
+                f"allocated {format_bytes(self.allocated)}, peak {format_bytes(self.peak)}>")
