@@ -3,10 +3,11 @@
     python tools/build_notebooks.py              # every source in tools/notebooks/
     python tools/build_notebooks.py 00_start_here
 
-A source is a Python file whose cells start with ``# %%`` (code) or
-``# %% [markdown]`` (markdown; each line starts with ``# ``). The notebook is written
-to ``notebooks/<name>.ipynb``, executed top to bottom in a fresh kernel, and saved
-with its outputs, as the workbook is committed.
+A source is a Python file in jupytext's percent format: cells start with ``# %%`` (code)
+or ``# %% [markdown]`` (markdown; each line starts with ``# ``), and a cell may carry
+metadata such as ``# %% tags=["raises-exception"]``. The notebook is written to
+``notebooks/<name>.ipynb``, executed top to bottom in a fresh kernel, and saved with its
+outputs, as the workbook is committed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
 
@@ -24,29 +26,11 @@ OUT = ROOT / "notebooks"
 
 
 def parse(text: str) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
+    """Read a percent-format source with jupytext; the notebook gets a plain Python 3 kernelspec."""
+    nb = jupytext.reads(text, fmt="py:percent")
+    nb.metadata.pop("jupytext", None)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    kind, lines = None, []
-
-    def flush() -> None:
-        if kind is None:
-            return
-        body = "\n".join(lines).strip("\n")
-        if kind == "markdown":
-            md = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
-            nb.cells.append(nbformat.v4.new_markdown_cell(md))
-        elif body:
-            nb.cells.append(nbformat.v4.new_code_cell(body))
-
-    for line in text.splitlines():
-        if line.startswith("# %%"):
-            flush()
-            kind = "markdown" if "[markdown]" in line else "code"
-            lines = []
-        else:
-            lines.append(line)
-    flush()
     return nb
 
 

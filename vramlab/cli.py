@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from ._version import __version__
 from .display.text import snapshot_text
 from .reconcile import snapshot
 
@@ -49,8 +50,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.version:
-        from . import __version__
-
         print(__version__)
         return 0
     try:

@@ -2,17 +2,9 @@ import threading
 import time
 
 import pytest
+from waiting import wait_for
 
 from vramlab.runtime.sampler import DEFAULT_INTERVAL, RING_SIZE, MAX_CONSECUTIVE_ERRORS, Sampler, get_sampler
-
-
-def wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def sampler_threads():

@@ -81,7 +81,7 @@ def test_host_layers_always_sum_to_limit(total, avail, rss, limit, usage):
 
 def test_nvml_devices_become_cuda_devices_in_visible_order(monkeypatch):
     """With a substituted binding: NVML devices are mapped through CUDA_VISIBLE_DEVICES."""
-    from test_nvml import fake_pynvml
+    from fake_nvml import fake_pynvml
 
     from vramlab.probes import nvml as nvml_mod
 

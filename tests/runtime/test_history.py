@@ -3,24 +3,11 @@ import json
 
 import pytest
 
-from vramlab.runtime.history import History, history
-from vramlab.runtime.records import Recorder
-from vramlab.runtime.sampler import Sampler
+from vramlab.runtime.history import history
 
 
-def make_history():
-    r = Recorder()
-    for _ in range(3):
-        r.end(r.begin(7))
-    s = Sampler()
-    for _ in range(4):
-        s.sample_now()
-    s.mark("cell", "[7]")
-    return History(cells=tuple(r.history), samples=tuple(s.samples), markers=tuple(s.markers))
-
-
-def test_export_json_and_csv(tmp_path):
-    h = make_history()
+def test_export_json_and_csv(tmp_path, recorded_history):
+    h = recorded_history
     p = h.export(tmp_path / "h.json")
     d = json.load(open(p))
     assert len(d["cells"]) == 3 and len(d["samples"]) == 4 and d["markers"][0]["label"] == "[7]"
@@ -32,16 +19,16 @@ def test_export_json_and_csv(tmp_path):
     assert len(rows) == 4 and int(rows[0]["rss"]) > 0
 
 
-def test_export_bad_paths(tmp_path):
-    h = make_history()
+def test_export_bad_paths(tmp_path, recorded_history):
+    h = recorded_history
     with pytest.raises(ValueError, match="suffix"):
         h.export(tmp_path / "h.txt")
     with pytest.raises(OSError, match="does not exist"):
         h.export(tmp_path / "missing" / "h.csv")
 
 
-def test_text_table_and_pandas():
-    h = make_history()
+def test_text_table_and_pandas(recorded_history):
+    h = recorded_history
     t = h.text()
     assert t.splitlines()[0].split()[:2] == ["cell", "wall"]
     assert len(t.splitlines()) == 4
@@ -52,19 +39,6 @@ def test_text_table_and_pandas():
             h.to_pandas()
     else:
         assert len(h.to_pandas()) == 3
-
-
-def test_plot_returns_a_figure_with_cell_spans():
-    from matplotlib.figure import Figure
-
-    from vramlab.display.plot import plot_history
-
-    h = make_history()
-    fig = plot_history(h)
-    assert isinstance(fig, Figure)
-    ax = fig.axes[0]
-    assert any("[7]" == t.get_text() for t in ax.texts)
-    assert len(ax.patches) >= 3  # one shaded span per cell
 
 
 def test_history_function_is_a_frozen_copy():

@@ -54,7 +54,7 @@ def comm_log(monkeypatch):
     yield RecordingComm.log
 
 
-from test_sampler import wait_for  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 
 def make_monitor(interval=0.05):
@@ -177,7 +177,7 @@ def test_sampling_error_shown_once_in_the_monitor():
         m.close()
 
 
-def test_sparkline_markers_and_warning():
+def test_sparkline_markers_and_warning(gpu_snapshot):
     from vramlab.display.widget import bars_html, sparkline_svg
     from vramlab.runtime.sampler import Marker, Sample
 
@@ -188,7 +188,5 @@ def test_sparkline_markers_and_warning():
     svg = sparkline_svg(samples, [Marker(now - 5, "cell", "[3]"), Marker(now - 2, "oom", "OOM in [4]")], now)
     assert svg.count("<polyline") == 3 and "OOM in [4]" in svg and "[3]" in svg
     assert len(svg) < 8192
-    from test_display import with_gpu
-
-    html = bars_html(with_gpu())
+    html = bars_html(gpu_snapshot)
     assert "cuda:0" in html and "tensors" in html

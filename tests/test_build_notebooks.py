@@ -1,0 +1,38 @@
+"""tools/build_notebooks.py: every committed notebook is its jupytext source, executed.
+
+The sources in ``tools/notebooks/`` are the only place a lesson is edited; this test fails
+when a notebook in ``notebooks/`` was edited by hand or not rebuilt after its source changed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "tools" / "notebooks").glob("*.py"))
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_notebook_has_a_source_and_every_source_a_notebook():
+    built = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert built == [p.stem for p in SOURCES]
+    assert len(SOURCES) == 8
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_committed_notebook_is_its_source_executed(src):
+    parsed = _builder().parse(src.read_text())
+    nb = nbformat.read(ROOT / "notebooks" / f"{src.stem}.ipynb", as_version=4)
+    assert [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in parsed.cells]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count is not None for c in code), "committed without running every cell"
