@@ -14,10 +14,10 @@ from typing import Any
 
 from IPython.display import display
 
-from .. import api
-from ..runtime.oom import explain_oom, is_oom
-from ..runtime.records import get_recorder
 from ..runtime.sampler import existing_sampler, get_sampler
+
+# The records, the OOM explainer and the readings behind them are imported when a cell
+# first needs them, so that %load_ext imports no more than this layer and the data.
 
 __all__ = ["CellEvents"]
 
@@ -42,6 +42,8 @@ class CellEvents:
             self._token = None
             raw = getattr(info, "raw_cell", "") or ""
             if self.auto and not raw.lstrip().startswith("%%vram"):
+                from ..runtime.records import get_recorder
+
                 self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks)
         except Exception:
             self._token = None
@@ -51,14 +53,22 @@ class CellEvents:
         record = None
         try:
             if self._token is not None:
+                from ..runtime.records import get_recorder
+
                 record = get_recorder().end(self._token, error)
                 self._token = None
                 if record is not None:
                     print(record.line())
             elif self.in_cell_magic:
-                record = api.last()
+                from ..api import last
+
+                record = last()
         except Exception:
             record = None
+        if error is None:
+            return
+        from ..runtime.oom import explain_oom, is_oom
+
         if is_oom(error):
             try:
                 get_sampler().mark("oom", f"OOM in [{getattr(result, 'execution_count', '?')}]")

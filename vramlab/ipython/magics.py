@@ -35,12 +35,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .. import api
-from ..reconcile import snapshot
-from ..runtime.history import history
-from ..runtime.oom import free_last_error
-from ..runtime.records import get_recorder
 from .events import CellEvents
+
+# Each subcommand imports what it calls when it runs: %load_ext stays cheap.
 
 __all__ = ["VramMagics", "SUBCOMMANDS"]
 
@@ -99,6 +96,8 @@ class VramMagics(Magics):
 
     # -- subcommands
     def _cmd_show(self, args: Any) -> None:
+        from ..reconcile import snapshot
+
         snap = snapshot(uss=args.uss)
         if args.json:
             print(json.dumps(snap.to_dict(), indent=2))
@@ -106,6 +105,8 @@ class VramMagics(Magics):
         display(snap)
 
     def _cmd_watch(self, args: Any) -> Any:
+        from .. import api
+
         interval = None
         if args.interval is not None:
             try:
@@ -120,6 +121,8 @@ class VramMagics(Magics):
         return None
 
     def _cmd_stop(self, args: Any) -> None:
+        from .. import api
+
         api.stop()
         print("[vramlab] sampler stopped")
 
@@ -132,9 +135,13 @@ class VramMagics(Magics):
               + (" (peak counters kept)" if self._events.auto and args.keep_peaks else ""))
 
     def _cmd_history(self, args: Any) -> None:
+        from ..runtime.history import history
+
         print(history().text(last=max(args.last, 1)))
 
     def _cmd_export(self, args: Any) -> None:
+        from ..runtime.history import history
+
         if len(args.rest) != 1:
             raise UsageError(f"%vram export takes one PATH (.csv or .json)\n{self._usage()}")
         path = os.path.expanduser(args.rest[0])
@@ -145,12 +152,18 @@ class VramMagics(Magics):
         print(f"[vramlab] wrote {written}")
 
     def _cmd_plot(self, args: Any) -> Any:
+        from .. import api
+
         return api.plot()
 
     def _cmd_free(self, args: Any) -> None:
+        from ..runtime.oom import free_last_error
+
         print(free_last_error(self.shell).text())
 
     def _cmd_last(self, args: Any) -> Any:
+        from .. import api
+
         rec = api.last()
         if rec is None:
             print("no cell records yet: use %%vram on a cell, or %vram auto on")
@@ -160,6 +173,8 @@ class VramMagics(Magics):
 
     # -- %%vram
     def _cell(self, cell: str, keep_peaks: bool) -> Any:
+        from ..runtime.records import get_recorder
+
         rec = get_recorder()
         self._events.in_cell_magic = True
         token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks)

@@ -23,7 +23,6 @@ import time
 from typing import Any, Callable, Deque, Optional
 
 from ..model import Marker, Sample
-from ..reconcile import snapshot
 
 __all__ = ["Sample", "Marker", "Sampler", "get_sampler", "existing_sampler", "DEFAULT_INTERVAL", "RING_SIZE"]
 
@@ -49,7 +48,9 @@ class Sampler:
     """The background sampler (use :func:`get_sampler` for the kernel's one)."""
 
     def __init__(self, read: Optional[Callable[[], Any]] = None, ring_size: int = RING_SIZE) -> None:
-        self._read = snapshot if read is None else read
+        if read is None:
+            from ..reconcile import snapshot as read  # at first use: %load_ext stays cheap
+        self._read = read
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
