@@ -18,6 +18,29 @@ def ip():
 
 
 @pytest.fixture
+def nvml_sim(monkeypatch):
+    """The simulated driver (tests/nvml_sim/pynvml.py) as this process's pynvml, with a fresh
+    NVML probe; call the fixture's value with a scenario dict to choose the machine."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from vramlab.probes import nvml as nvml_mod
+
+    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parent / "nvml_sim" / "pynvml.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    monkeypatch.setitem(sys.modules, "pynvml", sim)
+
+    def use(scenario):
+        sim.configure(scenario)
+        monkeypatch.setattr(nvml_mod, "_NVML", nvml_mod._Nvml())
+        return sim
+
+    return use
+
+
+@pytest.fixture
 def recorded_history():
     """A History of three real cell records (cell 7), four samples and one marker."""
     from vramlab.model import History

@@ -49,8 +49,19 @@ def test_device_layers_example():
     GiB = 1 << 30
     layers = dict(device_layers(80 * GiB, 20 * GiB, driver_reserved=GiB // 2, process_used=12 * GiB,
                                 torch_reserved=10 * GiB, torch_allocated=7 * GiB))
-    assert layers == {"tensors": 7 * GiB, "torch_cache": 3 * GiB, "context": 2 * GiB, "other_processes": 8 * GiB,
-                      "driver_reserved": GiB // 2, "free": 80 * GiB - 20 * GiB - GiB // 2}
+    assert layers == {"tensors": 7 * GiB, "torch_cache": 3 * GiB, "context": 2 * GiB, "unattributed": 0,
+                      "other_processes": 8 * GiB, "driver_reserved": GiB // 2, "free": 80 * GiB - 20 * GiB - GiB // 2}
+
+
+def test_device_layers_hidden_pids_are_unattributed_not_other_processes():
+    GiB = 1 << 30
+    layers = dict(device_layers(80 * GiB, 20 * GiB, process_used=12 * GiB, torch_reserved=10 * GiB,
+                                torch_allocated=7 * GiB, unattributed=5 * GiB))
+    assert (layers["context"], layers["unattributed"], layers["other_processes"]) == (2 * GiB, 5 * GiB, 3 * GiB)
+    # this process unknown: known others stay others, the rest is unattributed
+    layers = dict(device_layers(80 * GiB, 20 * GiB, process_used=None, torch_reserved=10 * GiB,
+                                torch_allocated=7 * GiB, other_processes=4 * GiB))
+    assert (layers["unattributed"], layers["other_processes"]) == (6 * GiB, 4 * GiB)
 
 
 def test_device_layers_unknown_process_goes_to_unattributed():
@@ -62,9 +73,11 @@ def test_device_layers_unknown_process_goes_to_unattributed():
 sizes = st.integers(min_value=0, max_value=2**40)
 
 
-@given(total=sizes, used=sizes, rd=st.one_of(st.none(), sizes), p=st.one_of(st.none(), sizes), r=sizes, a=sizes)
-def test_device_layers_always_sum_to_total(total, used, rd, p, r, a):
-    layers = device_layers(total, used, driver_reserved=rd, process_used=p, torch_reserved=r, torch_allocated=a)
+@given(total=sizes, used=sizes, rd=st.one_of(st.none(), sizes), p=st.one_of(st.none(), sizes), r=sizes, a=sizes,
+       u=st.one_of(st.none(), sizes), o=st.one_of(st.none(), sizes))
+def test_device_layers_always_sum_to_total(total, used, rd, p, r, a, u, o):
+    layers = device_layers(total, used, driver_reserved=rd, process_used=p, torch_reserved=r, torch_allocated=a,
+                           unattributed=u, other_processes=o)
     assert sum(n for _, n in layers) == total
     assert all(n >= 0 for _, n in layers)
 
@@ -77,24 +90,6 @@ def test_host_layers_always_sum_to_limit(total, avail, rss, limit, usage):
     layers = host_layers(h)
     assert sum(n for _, n in layers) == limit
     assert all(n >= 0 for _, n in layers)
-
-
-def test_nvml_devices_become_cuda_devices_in_visible_order(monkeypatch):
-    """With a substituted binding: NVML devices are mapped through CUDA_VISIBLE_DEVICES."""
-    from fake_nvml import fake_pynvml
-
-    from vramlab.probes import nvml as nvml_mod
-
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
-    monkeypatch.setattr(nvml_mod, "_NVML", nvml_mod._Nvml())
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    s = snapshot()
-    assert [d.id for d in s.devices] == ["cuda:0", "nvml:0"]
-    d = s.device("cuda:0")
-    assert d.uuid == "GPU-1" and d.source == "nvml"
-    assert sum(n for _, n in d.layers) == d.total
-    assert d.layer("context") == 3 << 30  # NVML's figure for this process, torch holds nothing
-    assert d.layer("other_processes") == (10 << 30) - (3 << 30)
 
 
 def test_provider_devices_are_included():

@@ -64,13 +64,20 @@ def device_layers(
     process_used: Optional[int] = None,
     torch_reserved: Optional[int] = None,
     torch_allocated: Optional[int] = None,
+    unattributed: Optional[int] = 0,
+    other_processes: Optional[int] = None,
 ) -> tuple[tuple[str, int], ...]:
     """Split a device's total into layers that add up to ``total`` exactly (bytes).
 
     Readings taken a moment apart may disagree by a few blocks; each layer is then
     clamped into what is left, so the sum always equals ``total``.
-    ``process_used=None`` means NVML cannot tell this process from others: what is
-    used beyond torch's reserved memory goes to ``unattributed``.
+
+    ``process_used`` is NVML's figure for this process. ``None`` means NVML cannot tell
+    this process from the rest (its PID is not listed in a PID namespace, or no figure is
+    given): what is used beyond torch's reserved memory is ``unattributed``, except
+    ``other_processes`` bytes of processes known to be others. ``unattributed`` is what
+    NVML lists under PIDs this namespace cannot see (``None``: unknown, so everything not
+    this process's is unattributed); the rest of the used memory is ``other_processes``.
     """
     if total is None or used is None:
         return ()
@@ -90,9 +97,11 @@ def device_layers(
     take("tensors", alloc)
     take("torch_cache", reserved - alloc)
     if process_used is None:
-        take("unattributed", left)
+        take("unattributed", left - max(other_processes or 0, 0))
+        take("other_processes", left)
     else:
         take("context", max(process_used - reserved, 0))
+        take("unattributed", left if unattributed is None else unattributed)
         take("other_processes", left)
     out.append(("driver_reserved", min(rd, total - in_use)))
     out.append(("free", total - in_use - min(rd, total - in_use)))
@@ -157,14 +166,53 @@ def reset_provider_peaks() -> None:
 # --------------------------------------------------------------------------- snapshot()
 
 
+def _bare_uuid(uuid: Optional[str]) -> str:
+    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case: torch reports the bare form,
+    NVML the prefixed one, and a MIG instance's bytes are the same in both."""
+    u = (uuid or "").strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if u.startswith(prefix):
+            return u[len(prefix):]
+    return u
+
+
+def _order_note(visible: list[NvmlDevice]) -> Optional[str]:
+    """Before torch is up, ``cuda:i`` follows NVML's PCI order. CUDA's default order
+    (``CUDA_DEVICE_ORDER=FASTEST_FIRST``) is the same only when the GPUs are alike; say
+    when it is assumed."""
+    if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST").strip().upper() == "PCI_BUS_ID":
+        return None
+    names = {d.name for d in visible if d.mig_index is None and d.readable}
+    if len(names) <= 1:
+        return None
+    return ("the cuda:i order is assumed to be PCI bus order: with CUDA_DEVICE_ORDER=FASTEST_FIRST (CUDA's "
+            f"default) these different GPUs ({', '.join(sorted(names))}) may be numbered otherwise; set "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID, or let torch initialise CUDA, for the exact order")
+
+
+
 def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[TorchDevice], notes: list[str]) -> DeviceSnapshot:
+    hidden: Optional[int] = 0
     if nv is not None:
         total, used, free, rd = nv.total, nv.used, nv.free, nv.reserved
-        process_used, others = nv.process_used, nv.other_processes_used
-        if td is not None and td.reserved and not nv.pid_listed and process_used == 0:
+        process_used, others, hidden = nv.process_used, nv.other_processes_used, nv.unattributed_used
+        holds = bool(td is not None and td.reserved)
+        if nv.readable and nv.process_list is not None and not nv.pid_listed and (nv.hidden_pids or holds):
+            # NVML does not list this PID: in a PID namespace its memory is under a host PID
             process_used = None
-            notes.append(f"{id}: NVML does not list this process (a PID namespace?): "
-                         "context and other processes are shown together as unattributed")
+            if nv.hidden_pids:
+                notes.append(f"{id}: NVML lists {nv.hidden_pids} process(es) whose PIDs this PID namespace "
+                             "cannot see (a container): their memory, this process's own if it has any, is shown as "
+                             "unattributed, not as other processes")
+            else:
+                notes.append(f"{id}: NVML does not list this process (a PID namespace?): "
+                             "context and other processes are shown together as unattributed")
+        elif nv.readable and nv.hidden_pids:
+            notes.append(f"{id}: NVML lists {nv.hidden_pids} process(es) whose PIDs this PID namespace cannot see: "
+                         "their memory is shown as unattributed, not as other processes")
+        elif nv.readable and nv.process_list is not None and nv.pid_listed and process_used is None:
+            notes.append(f"{id}: NVML gives no memory figure for this process (usedGpuMemory not available): "
+                         "what torch does not hold is shown as unattributed")
     else:
         total = td.mem_total if td is not None else None
         free = td.mem_free if td is not None else None
@@ -181,6 +229,8 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
         process_used=process_used,
         torch_reserved=td.reserved if td else None,
         torch_allocated=td.allocated if td else None,
+        unattributed=hidden,
+        other_processes=others,
     )
     source = "+".join(s for s, present in (("nvml", nv is not None), ("torch", td is not None)) if present)
     return DeviceSnapshot(
@@ -235,32 +285,37 @@ def snapshot(*, uss: bool = False, import_torch: bool = False) -> Snapshot:
     notes.extend(tnotes)
 
     devices: list[DeviceSnapshot] = []
-    nv_by_uuid = {d.uuid.lower(): d for d in nvml.devices}
-    used_nv: set[str] = set()
+    nv_by_uuid = {_bare_uuid(d.uuid): d for d in nvml.devices if d.uuid}
+    used_nv: set[tuple[int, Optional[int]]] = set()
     cuda_t = [t for t in torch_devs if t.kind == "cuda"]
+    visible = map_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.devices)
     if cuda_t:
         # torch is up: map by the UUIDs torch reports (exact).
-        visible = map_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.devices)
         for t in cuda_t:
-            nv = nv_by_uuid.get((t.uuid or "").lower())
+            nv = nv_by_uuid.get(_bare_uuid(t.uuid)) if t.uuid else None
             if nv is None and t.uuid is None and t.index < len(visible):
                 nv = visible[t.index]  # old torch without uuid: fall back to the env mapping
             if nv is not None:
-                used_nv.add(nv.uuid)
+                used_nv.add((nv.index, nv.mig_index))
+            elif nvml.devices:
+                notes.append(f"{t.id}: no NVML device has torch's UUID {t.uuid}: allocator figures only")
             devices.append(_from_parts(t.id, "cuda", nv, t, notes))
     else:
-        visible = map_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.devices)
         for i, nv in enumerate(visible):
-            used_nv.add(nv.uuid)
+            used_nv.add((nv.index, nv.mig_index))
             devices.append(_from_parts(f"cuda:{i}", "cuda", nv, None, notes))
+        order = _order_note(visible)
+        if order:
+            notes.append(order)
         if visible and "torch" in sys.modules:
             notes.append("torch has not initialised CUDA: allocator figures are not read (no context is created)")
     for t in torch_devs:
         if t.kind != "cuda":
             devices.append(_from_parts(t.id, t.kind, None, t, notes))
     for nv in nvml.devices:
-        if nv.uuid in used_nv or (nv.mig_enabled and any(m.parent_uuid == nv.uuid and m.uuid in used_nv
-                                                          for m in nvml.devices)):
+        if (nv.index, nv.mig_index) in used_nv or (nv.mig_enabled and any(
+                m.mig_index is not None and m.index == nv.index and (m.index, m.mig_index) in used_nv
+                for m in nvml.devices)):
             continue
         devices.append(_from_parts(f"nvml:{nv.index}" + (f".{nv.mig_index}" if nv.mig_index is not None else ""),
                                    "cuda", nv, None, []))

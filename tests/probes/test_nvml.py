@@ -1,13 +1,17 @@
-"""NVML probe. The fake binding (``tests/fake_nvml.py``) stands in for NVML only to test parsing logic
-(MIG enumeration, v2 memory info, unified-memory fallback, process attribution);
-the real library path runs in ``python -m vramlab.selftest`` on a GPU machine."""
+"""The NVML probe against the simulated driver (tests/nvml_sim/pynvml.py), in this process.
 
+The scenarios as a user sees them, through ``snapshot()`` in a fresh process, are in
+tests/test_driver_scenarios.py; the real library runs in ``python -m vramlab.selftest``.
+"""
+
+import os
+
+import driver_scenarios as sc
 import pytest
-from fake_nvml import FakeError, fake_pynvml
 
-from vramlab.probes import nvml as nvml_mod
-from vramlab.probes.cuda_order import map_visible_devices
 from vramlab.probes.nvml import read_nvml
+
+GiB, MiB = sc.GiB, sc.MiB
 
 
 def test_no_library_is_a_reason_not_an_exception():
@@ -18,67 +22,86 @@ def test_no_library_is_a_reason_not_an_exception():
     assert r.reason.startswith("NVML")
 
 
-def read_with(monkeypatch, fake):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    state = nvml_mod._Nvml()
-    monkeypatch.setattr(nvml_mod, "_NVML", state)
-    return read_nvml()
-
-
-def test_fake_v2_memory_and_processes(monkeypatch):
-    GiB = 1 << 30
-    r = read_with(monkeypatch, fake_pynvml())
-    assert r.reason is None and r.driver_version == "575.57"
+def test_v2_memory_and_the_v3_process_list(nvml_sim):
+    nvml_sim(sc.two_gpus())
+    r = read_nvml()
+    assert r.reason is None and r.driver_version == "575.57.08"
     d0 = r.devices[0]
-    assert (d0.total, d0.used, d0.reserved) == (80 * GiB, 10 * GiB, GiB // 2)
-    assert d0.utilization == 42
-    assert d0.process_used == 3 * GiB          # listed as compute and graphics: counted once
-    assert d0.other_processes_used == 5 * GiB
-    assert d0.pid_listed
+    assert (d0.total, d0.used, d0.reserved) == (80 * GiB, 8 * GiB, 512 * MiB)
+    assert d0.free == 80 * GiB - 8 * GiB - 512 * MiB
+    assert d0.utilization == 40 and d0.process_list == "v3"
+    assert d0.process_used == 3 * GiB  # listed as compute and graphics: counted once
+    assert d0.other_processes_used == 5 * GiB and d0.unattributed_used == 0
+    assert d0.pid_listed and d0.index == 0
 
 
-def test_fake_v1_driver(monkeypatch):
-    r = read_with(monkeypatch, fake_pynvml(v2=False))
-    assert all(d.reserved is None for d in r.devices)
-    assert r.devices[0].total == 80 << 30
+@pytest.mark.parametrize("lists,expected", [(["v3", "v2", "v1"], "v3"), (["v2", "v1"], "v2"), (["v1"], "v1")])
+def test_process_lists_fall_back_v3_v2_v1(nvml_sim, lists, expected):
+    scenario = sc.two_gpus()
+    scenario["process_lists"] = lists
+    nvml_sim(scenario)
+    d0 = read_nvml().devices[0]
+    assert d0.process_list == expected
+    assert d0.process_used == 3 * GiB and d0.other_processes_used == 5 * GiB
 
 
-def test_fake_mig_instances_are_devices(monkeypatch):
-    r = read_with(monkeypatch, fake_pynvml(mig=True))
-    uuids = [d.uuid for d in r.devices]
-    assert uuids == ["GPU-0", "MIG-0-0", "MIG-0-1", "GPU-1"]
-    assert r.devices[0].mig_enabled and r.devices[1].parent_uuid == "GPU-0"
-    visible = map_visible_devices(None, r.devices)
-    assert [d.uuid for d in visible] == ["MIG-0-0", "MIG-0-1", "GPU-1"]
+def test_a_driver_without_any_process_list_reports_none(nvml_sim):
+    scenario = sc.two_gpus()
+    scenario["process_lists"] = []
+    nvml_sim(scenario)
+    d0 = read_nvml().devices[0]
+    assert d0.process_list is None and d0.process_used is None and d0.other_processes_used is None
 
 
-def test_fake_unified_memory_falls_back_to_host(monkeypatch):
+def test_v1_memory_info_counts_reserved_as_used(nvml_sim):
+    nvml_sim(sc.old_driver())
+    d0 = read_nvml().devices[0]
+    assert d0.reserved is None and d0.used == 8 * GiB + 512 * MiB and d0.total == 80 * GiB
+
+
+def test_mig_instances_carry_their_instance_ids(nvml_sim):
+    nvml_sim(sc.mig())
+    r = read_nvml()
+    assert [(d.index, d.mig_index, d.gpu_instance_id) for d in r.devices] == [(0, None, None), (0, 0, 7), (0, 1, 13),
+                                                                             (1, None, None)]
+    assert r.devices[0].mig_enabled and r.devices[2].parent_uuid == r.devices[0].uuid
+
+
+def test_unified_memory_falls_back_to_host(nvml_sim):
     from vramlab.probes.host import read_host
 
-    r = read_with(monkeypatch, fake_pynvml(unified=True))
-    d1 = r.devices[1]
-    assert d1.unified_memory and "unified memory" in d1.note
-    assert d1.total == read_host().total
+    nvml_sim(sc.unified())
+    d0 = read_nvml().devices[0]
+    assert d0.unified_memory and "unified memory" in d0.note
+    assert d0.total == read_host().total
 
 
-def test_fake_init_failure_is_looked_up_once(monkeypatch):
+def test_init_failure_is_a_reason_looked_up_once(nvml_sim):
+    sim = nvml_sim(sc.machine(init_error="DRIVER_NOT_LOADED"))
     calls = []
-    fake = fake_pynvml()
+    init = sim.nvmlInit
 
-    def init():
+    def counted():
         calls.append(1)
-        raise FakeError(9)
+        init()
 
-    fake.nvmlInit = init
-    r = read_with(monkeypatch, fake)
+    sim.nvmlInit = counted
+    r = read_nvml()
     assert r.reason == "NVML unavailable: the NVIDIA driver is not loaded"
     read_nvml(), read_nvml()
     assert len(calls) == 1
 
 
-def test_fake_process_not_listed(monkeypatch):
-    r = read_with(monkeypatch, fake_pynvml(pid=999999999))
-    assert not r.devices[0].pid_listed
-    assert r.devices[0].process_used == 0
+def test_a_lost_gpu_keeps_its_index_and_says_why(nvml_sim):
+    nvml_sim(sc.lost_among_three())
+    r = read_nvml()
+    assert [(d.index, d.readable) for d in r.devices] == [(0, True), (1, False), (2, True)]
+    assert "GPU is lost" in r.devices[1].note and r.devices[2].used == 4 * GiB
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="PID visibility is read from /proc")
+def test_hidden_pids_are_counted_apart(nvml_sim):
+    nvml_sim(sc.container())
+    d0 = read_nvml().devices[0]
+    assert not d0.pid_listed and d0.process_used == 0
+    assert d0.hidden_pids == 2 and d0.unattributed_used == 8 * GiB and d0.other_processes_used == 0

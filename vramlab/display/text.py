@@ -97,7 +97,9 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
             if d.num_ooms:
                 extra += f", OOMs {d.num_ooms}"
             lines.append(extra)
-        if d.source == "nvml" and d.id.startswith("cuda"):
+        if d.source.startswith("nvml") and d.total is None:
+            lines.append("  (NVML cannot read this device: see the notes)")
+        elif d.source == "nvml" and d.id.startswith("cuda"):
             lines.append("  (torch has not used this device: no allocator figures)")
     if not s.devices:
         lines.append("")

@@ -6,15 +6,34 @@ reason, and never raises.
 
 Device order: NVML numbers GPUs by PCI bus; torch numbers them as CUDA does,
 after ``CUDA_VISIBLE_DEVICES``: :mod:`vramlab.probes.cuda_order` maps one onto
-the other.
+the other. Each device keeps the index NVML reports for it, and a GPU that cannot be
+read (lost, or its handle fails) stays in the list as a device with no figures and a
+note, so that it never shifts the devices after it.
+
+Real drivers, as this probe meets them:
+
+- *memory*: ``nvmlDeviceGetMemoryInfo_v2`` where the driver has it (``used`` without the
+  driver's reserved memory, ``reserved`` apart); else v1, whose ``used`` includes it;
+- *process lists*: v3, then v2, then the v1 C symbol (old drivers), for compute and
+  graphics processes alike; ``usedGpuMemory`` may be unavailable (``None``);
+- *PID namespaces* (Docker, Kubernetes, Colab, gVisor): NVML lists host PIDs, so this
+  process's own PID is usually absent and the listed PIDs do not exist in this ``/proc``.
+  Their memory is *unattributed*, not "other processes": a listed PID that exists here and
+  is not this process is another process;
+- *MIG*: the instances of a MIG-enabled GPU, each with its GPU-instance and
+  compute-instance ids (the legacy ``MIG-GPU-<uuid>/<gi>/<ci>`` names use those ids);
+- *unified memory* (no separate framebuffer): memory info is NOT_SUPPORTED; the host's
+  figures stand in, with a note.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["NvmlDevice", "NvmlReading", "read_nvml"]
 
@@ -24,26 +43,35 @@ class NvmlDevice:
     """One NVML device (a whole GPU, or a MIG instance). Sizes in bytes.
 
     Attributes:
-        index: NVML index of the GPU (PCI bus order); for a MIG instance, its parent's.
-        mig_index: the MIG instance's index on its parent, or ``None`` for a whole GPU.
-        name, uuid: as NVML reports them (``GPU-...`` or ``MIG-...``).
+        index: the NVML index of the GPU (``nvmlDeviceGetIndex``, PCI bus order); for a MIG
+            instance, its parent's.
+        mig_index: the MIG instance's device slot on its parent, or ``None`` for a whole GPU.
+        name, uuid: as NVML reports them (``GPU-...`` or ``MIG-...``); ``uuid`` is ``None``
+            when the device could not be read.
         parent_uuid: the parent GPU's UUID for a MIG instance.
         mig_enabled: whether this whole GPU has MIG mode on (its memory is then split).
+        gpu_instance_id, compute_instance_id: a MIG instance's ids (``None`` for a whole GPU).
         total, used, free: framebuffer memory (``nvmlDeviceGetMemoryInfo``, v2 where the driver has it).
         reserved: memory the driver reserves (v2 only), excluded from ``used``; else ``None``.
         utilization: GPU utilisation in percent over the driver's last sample period, or ``None``.
-        process_used: memory NVML attributes to this process (by PID), or ``None`` when
-            NVML does not report per-process memory.
-        other_processes_used: memory of all other processes NVML lists, or ``None``.
+        process_used: memory NVML attributes to this process (by PID): 0 when it is not listed,
+            ``None`` when NVML gives no process list or no figure for it.
+        other_processes_used: memory of the other listed processes that exist in this PID
+            namespace, or ``None`` when NVML gives no figure for one of them.
+        unattributed_used: memory of listed PIDs that this PID namespace cannot see (a
+            container), or ``None`` when NVML gives no figure for one of them.
+        hidden_pids: how many listed PIDs this namespace cannot see.
         pid_listed: whether this process's PID appears in NVML's process list.
+        process_list: which process-list API answered (``"v3"``, ``"v2"``, ``"v1"``), or ``None``.
         unified_memory: NVML has no separate memory info (unified memory); ``total``/``used``/``free``
             are then the host's.
+        readable: ``False`` for a device that could not be read (lost GPU): no figures, a note.
     """
 
     index: int
     mig_index: Optional[int]
     name: str
-    uuid: str
+    uuid: Optional[str]
     parent_uuid: Optional[str]
     mig_enabled: bool
     total: Optional[int]
@@ -56,6 +84,12 @@ class NvmlDevice:
     pid_listed: bool
     unified_memory: bool = False
     note: Optional[str] = None
+    gpu_instance_id: Optional[int] = None
+    compute_instance_id: Optional[int] = None
+    unattributed_used: Optional[int] = 0
+    hidden_pids: int = 0
+    process_list: Optional[str] = None
+    readable: bool = True
 
 
 @dataclass(frozen=True)
@@ -66,6 +100,58 @@ class NvmlReading:
     reason: Optional[str] = None
     driver_version: Optional[str] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------- process lists
+
+_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE for an unsigned long long
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """``nvmlProcessInfo_v1_t``: what the unversioned (v1) process-list symbols fill in."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+def _v1_lister(pynvml: Any, symbol: str) -> Callable[[Any], list[tuple[int, Optional[int]]]]:
+    """The v1 process list: nvidia-ml-py wraps only v2/v3, so call the C symbol directly
+    (as nvitop does on old drivers). Raises NVMLError(FUNCTION_NOT_FOUND) when absent."""
+    fn = pynvml._nvmlGetFunctionPointer(symbol)
+
+    def call(handle: Any) -> list[tuple[int, Optional[int]]]:
+        count = ctypes.c_uint(0)
+        ret = fn(handle, ctypes.pointer(count), None)
+        if ret == pynvml.NVML_SUCCESS:
+            return []
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(ret)
+        count.value = count.value * 2 + 5
+        procs = (_ProcessInfoV1 * count.value)()
+        ret = fn(handle, ctypes.pointer(count), procs)
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
+        return [(int(procs[i].pid), None if procs[i].usedGpuMemory == _NOT_AVAILABLE else int(procs[i].usedGpuMemory))
+                for i in range(count.value)]
+
+    return call
+
+
+def _versioned_lister(fn: Callable[[Any], Any]) -> Callable[[Any], list[tuple[int, Optional[int]]]]:
+    def call(handle: Any) -> list[tuple[int, Optional[int]]]:
+        out = []
+        for p in fn(handle):
+            mem = getattr(p, "usedGpuMemory", None)
+            out.append((int(p.pid), None if mem is None else int(mem)))
+        return out
+
+    return call
+
+
+def _pid_visible(pid: int) -> bool:
+    """Whether ``pid`` exists in this PID namespace (``/proc/<pid>``); ``True`` off Linux."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return os.path.exists(f"/proc/{pid}")
 
 
 # --------------------------------------------------------------------------- NVML access
@@ -79,10 +165,15 @@ class _Nvml:
         self._tried = False
         self._mod: Any = None
         self._reason: Optional[str] = None
-        self._handles: list[tuple[Any, int, Optional[int], Optional[str], bool]] = []
-        self._static: dict[int, tuple[str, str]] = {}
+        # (handle or None, nvml index, mig slot, parent uuid, mig on, gi, ci, why unreadable)
+        self._handles: list[tuple[Any, int, Optional[int], Optional[str], bool, Optional[int], Optional[int],
+                                  Optional[str]]] = []
+        self._static: dict[int, tuple[str, Optional[str]]] = {}
         self._driver: Optional[str] = None
         self._v2 = True
+        # kind -> (version, lister) once one answered; tried in order v3, v2, v1
+        self._listers: dict[str, tuple[str, Callable[[Any], list[tuple[int, Optional[int]]]]]] = {}
+        self._no_lister: set[str] = set()
 
     def _init(self) -> None:
         self._tried = True
@@ -111,16 +202,27 @@ class _Nvml:
         for i in range(count):
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            except Exception:
+            except Exception as e:
+                # keep its place: a GPU that cannot be opened must not shift the ones after it
+                self._handles.append((None, i, None, None, False, None, None, _nvml_error_text(pynvml, e)))
                 continue
+            idx = i
+            try:
+                idx = int(pynvml.nvmlDeviceGetIndex(h))
+            except Exception:
+                idx = i
             mig_on = False
             try:
                 current, _pending = pynvml.nvmlDeviceGetMigMode(h)
                 mig_on = current == pynvml.NVML_DEVICE_MIG_ENABLE
             except Exception:
                 mig_on = False
-            parent_uuid = _text(pynvml.nvmlDeviceGetUUID(h))
-            self._handles.append((h, i, None, None, mig_on))
+            try:
+                parent_uuid: Optional[str] = _text(pynvml.nvmlDeviceGetUUID(h))
+            except Exception as e:
+                self._handles.append((h, idx, None, None, False, None, None, _nvml_error_text(pynvml, e)))
+                continue
+            self._handles.append((h, idx, None, None, mig_on, None, None, None))
             if mig_on:
                 try:
                     n = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
@@ -131,7 +233,13 @@ class _Nvml:
                         mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
                     except Exception:
                         continue  # no instance at this slot
-                    self._handles.append((mh, i, j, parent_uuid, False))
+                    gi = ci = None
+                    try:
+                        gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
+                        ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
+                    except Exception:
+                        pass
+                    self._handles.append((mh, idx, j, parent_uuid, False, gi, ci, None))
         if not self._handles:
             self._reason = "NVML found no NVIDIA GPU"
 
@@ -145,15 +253,56 @@ class _Nvml:
             pid = os.getpid()
             devices = []
             notes: list[str] = []
-            for h, idx, mig_idx, parent_uuid, mig_on in self._handles:
-                try:
-                    devices.append(self._read_one(pynvml, h, idx, mig_idx, parent_uuid, mig_on, pid))
-                except Exception as e:
-                    notes.append(f"NVML device {idx}: {_nvml_error_text(pynvml, e)}")
+            for h, idx, mig_idx, parent_uuid, mig_on, gi, ci, why in self._handles:
+                if h is not None and why is None:
+                    try:
+                        devices.append(self._read_one(pynvml, h, idx, mig_idx, parent_uuid, mig_on, gi, ci, pid))
+                        continue
+                    except Exception as e:
+                        why = _nvml_error_text(pynvml, e)
+                name = self._static.get(id(h), ("?", None))[0] if h is not None else "?"
+                where = f"NVML device {idx}" + (f" (MIG slot {mig_idx})" if mig_idx is not None else "")
+                devices.append(NvmlDevice(
+                    index=idx, mig_index=mig_idx, name=name, uuid=self._static.get(id(h), (None, None))[1],
+                    parent_uuid=parent_uuid, mig_enabled=mig_on, total=None, used=None, free=None, reserved=None,
+                    utilization=None, process_used=None, other_processes_used=None, pid_listed=False,
+                    note=f"{where} cannot be read: {why}; it is left out of the figures",
+                    gpu_instance_id=gi, compute_instance_id=ci, unattributed_used=None, readable=False))
             return NvmlReading(devices=tuple(devices), driver_version=self._driver, notes=tuple(notes))
 
+    def _processes(self, pynvml: Any, h: Any, kind: str) -> Optional[tuple[str, list[tuple[int, Optional[int]]]]]:
+        """(version, [(pid, bytes or None)]) for ``kind``, trying v3, v2 then v1 until one
+        answers; the one that answered is used from then on. ``None`` when none answers."""
+        known = self._listers.get(kind)
+        if known is not None:
+            version, call = known
+            return version, call(h)
+        if kind in self._no_lister:
+            return None
+        symbol = f"nvmlDeviceGet{kind}RunningProcesses"
+        candidates: list[tuple[str, Callable[[], Callable[[Any], list[tuple[int, Optional[int]]]]]]] = []
+        for version in ("v3", "v2"):
+            fn = getattr(pynvml, f"{symbol}_{version}", None)
+            if fn is not None:
+                candidates.append((version, lambda fn=fn: _versioned_lister(fn)))
+        candidates.append(("v1", lambda: _v1_lister(pynvml, symbol)))
+        for version, make in candidates:
+            try:
+                call = make()
+                procs = call(h)
+            except pynvml.NVMLError as e:
+                if _is(pynvml, e, "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                    continue  # an older driver: try the next version
+                raise
+            except (AttributeError, TypeError):
+                continue  # a binding without this entry point
+            self._listers[kind] = (version, call)
+            return version, procs
+        self._no_lister.add(kind)
+        return None
+
     def _read_one(self, pynvml: Any, h: Any, idx: int, mig_idx: Optional[int], parent_uuid: Optional[str],
-                  mig_on: bool, pid: int) -> NvmlDevice:
+                  mig_on: bool, gi: Optional[int], ci: Optional[int], pid: int) -> NvmlDevice:
         key = id(h)
         if key not in self._static:
             self._static[key] = (_text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h)))
@@ -170,6 +319,8 @@ class _Nvml:
                 except pynvml.NVMLError as e:
                     if _is(pynvml, e, "NVML_ERROR_FUNCTION_NOT_FOUND"):
                         self._v2 = False  # an old driver: v1 only, from now on
+                    elif not _is(pynvml, e, "NVML_ERROR_NOT_SUPPORTED"):
+                        raise
                     m = None  # try v1 for this device
                 except (TypeError, AttributeError):
                     self._v2 = False  # an old nvidia-ml-py without the version argument
@@ -190,38 +341,41 @@ class _Nvml:
             util = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
         except Exception:
             util = None
-        # pid -> bytes (None when NVML cannot attribute memory, e.g. under some containers/WDDM).
+        # pid -> bytes (None when NVML cannot attribute memory, e.g. under WDDM).
         per_pid: dict[int, Optional[int]] = {}
-        got_any = False
-        for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            fn = getattr(pynvml, getter, None)
-            if fn is None:
-                continue
+        versions: list[str] = []
+        for kind in ("Compute", "Graphics"):
             try:
-                procs = fn(h)
+                got = self._processes(pynvml, h, kind)
             except Exception:
+                got = None
+            if got is None:
                 continue
-            got_any = True
-            for p in procs:
-                mem = getattr(p, "usedGpuMemory", None)
-                mem = None if mem is None else int(mem)
-                if p.pid in per_pid:  # listed as compute and graphics: one figure, keep the larger
-                    old = per_pid[p.pid]
-                    per_pid[p.pid] = None if old is None or mem is None else max(old, mem)
+            versions.append(got[0])
+            for p, mem in got[1]:
+                if p in per_pid:  # listed as compute and graphics: one figure, keep the larger
+                    old = per_pid[p]
+                    per_pid[p] = None if old is None or mem is None else max(old, mem)
                 else:
-                    per_pid[p.pid] = mem
+                    per_pid[p] = mem
         listed = pid in per_pid
         mine: Optional[int] = None
         others: Optional[int] = None
-        if got_any:
+        hidden_mem: Optional[int] = None
+        hidden = 0
+        if versions:
             mine = per_pid.get(pid, 0)
-            rest = [v for k, v in per_pid.items() if k != pid]
-            others = None if any(v is None for v in rest) else sum(v for v in rest if v is not None)
+            visible = [v for k, v in per_pid.items() if k != pid and _pid_visible(k)]
+            unseen = [v for k, v in per_pid.items() if k != pid and not _pid_visible(k)]
+            hidden = len(unseen)
+            others = None if any(v is None for v in visible) else sum(v for v in visible if v is not None)
+            hidden_mem = None if any(v is None for v in unseen) else sum(v for v in unseen if v is not None)
         return NvmlDevice(
             index=idx, mig_index=mig_idx, name=name, uuid=uuid, parent_uuid=parent_uuid, mig_enabled=mig_on,
             total=total, used=used, free=free, reserved=reserved, utilization=util,
             process_used=mine, other_processes_used=others, pid_listed=listed,
-            unified_memory=unified, note=note,
+            unified_memory=unified, note=note, gpu_instance_id=gi, compute_instance_id=ci,
+            unattributed_used=hidden_mem, hidden_pids=hidden, process_list=versions[0] if versions else None,
         )
 
 
@@ -241,6 +395,8 @@ def _nvml_error_text(pynvml: Any, e: Exception) -> str:
         return "the NVIDIA driver is not loaded"
     if value == getattr(pynvml, "NVML_ERROR_NO_PERMISSION", None):
         return "no permission to talk to the NVIDIA driver"
+    if value == getattr(pynvml, "NVML_ERROR_GPU_IS_LOST", None):
+        return "the GPU is lost (it fell off the bus or needs a reset)"
     return str(e) or type(e).__name__
 
 
@@ -253,4 +409,3 @@ def read_nvml() -> NvmlReading:
         return _NVML.read()
     except Exception as e:  # defensive: a probe never raises
         return NvmlReading(reason=f"NVML read failed: {type(e).__name__}: {e}")
-

@@ -25,7 +25,7 @@ class TorchDevice:
         kind: ``"cuda"``, ``"xpu"`` or ``"mps"``.
         index: the torch device index.
         name: the device name.
-        uuid: the device UUID as NVML spells it (``GPU-...``/``MIG-...``), when torch reports one.
+        uuid: the device UUID as torch reports it (without NVML's ``GPU-``/``MIG-`` prefix), or ``None``.
         allocated: bytes in live tensors (``memory_allocated``).
         reserved: bytes the caching allocator holds from the driver (``memory_reserved``).
         active: bytes in active blocks (allocated, plus blocks in use by streams).
@@ -70,10 +70,7 @@ def _name_uuid(mod: Any, kind: str, i: int) -> tuple[Optional[str], Optional[str
             name = getattr(props, "name", None)
             u = getattr(props, "uuid", None)
             if u is not None:
-                u = str(u)
-                if u and not u.upper().startswith(("GPU-", "MIG-")):
-                    u = "GPU-" + u
-                uuid = u or None
+                uuid = str(u).strip() or None  # as torch reports it: a MIG instance's too, unprefixed
         except Exception:
             pass
         _NAMES[key] = (name, uuid)
