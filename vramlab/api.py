@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Optional
 
 from .model import CellRecord, FreedReport
+from .reconcile import snapshot
 from .runtime.history import history
 from .runtime.oom import free_last_error
 from .runtime.records import get_recorder
@@ -42,6 +43,7 @@ def watch(interval: Optional[float] = None) -> Any:
     from .display.widget import Monitor
 
     s = get_sampler()
+    snapshot()  # on this thread: reads the device names once, which the sampler thread may not
     if interval is not None or not s.running:
         s.start(interval)
     if s.latest is None:

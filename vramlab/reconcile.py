@@ -262,7 +262,7 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
     )
 
 
-def snapshot(*, uss: bool = False, import_torch: bool = False) -> Snapshot:
+def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool = True) -> Snapshot:
     """Read every memory layer now and reconcile it. Never raises for a missing layer.
 
     Args:
@@ -270,6 +270,9 @@ def snapshot(*, uss: bool = False, import_torch: bool = False) -> Snapshot:
         import_torch: import torch to read its allocators even if the user has not.
             By default torch is read only when it is already imported, and CUDA
             only when it is already initialised: reading never creates a context.
+        cuda_calls: allow torch calls that may reach the CUDA runtime (``mem_get_info``,
+            device properties). The background sampler passes ``False`` (safe during
+            CUDA graph capture): NVML and the allocator's host-side counters only.
     """
     h = read_host(uss=uss)
     notes: list[str] = []
@@ -281,7 +284,7 @@ def snapshot(*, uss: bool = False, import_torch: bool = False) -> Snapshot:
     for d in nvml.devices:
         if d.note:
             notes.append(d.note)
-    torch_devs, tnotes = read_torch(import_torch=import_torch)
+    torch_devs, tnotes = read_torch(import_torch=import_torch, runtime_calls=cuda_calls)
     notes.extend(tnotes)
 
     devices: list[DeviceSnapshot] = []

@@ -70,3 +70,41 @@ def test_history_is_bounded():
     r = Recorder()
     assert r.history.maxlen == cells.HISTORY_SIZE
     assert r.end(None) is None
+
+
+def _with_cuda(snap, allocated, reserved, peak):
+    """``snap`` with one cuda:0 as NVML shows it; torch figures when ``allocated`` is not None."""
+    import dataclasses
+
+    from vramlab.model import DeviceSnapshot
+    from vramlab.reconcile import device_layers
+
+    GiB = 2**30
+    torch_on = allocated is not None
+    d = DeviceSnapshot(id="cuda:0", kind="cuda", name="sim", uuid="GPU-0", source="nvml+torch" if torch_on else "nvml",
+                       nvml_index=0, total=16 * GiB, free=15 * GiB, used=GiB, driver_reserved=None,
+                       process_used=GiB if torch_on else 0, other_processes_used=0, utilization=0,
+                       torch_allocated=allocated, torch_reserved=reserved, torch_active=allocated,
+                       torch_inactive_split=0 if torch_on else None, torch_peak_allocated=peak,
+                       torch_peak_reserved=reserved, num_ooms=0 if torch_on else None, num_alloc_retries=None,
+                       mem_info_free=None, mem_info_total=None, unified_memory=False,
+                       layers=device_layers(16 * GiB, GiB, process_used=GiB, torch_reserved=reserved,
+                                            torch_allocated=allocated))
+    return dataclasses.replace(snap, devices=(d,))
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_cell_that_creates_the_cuda_context_shows_its_allocation_and_peak(monkeypatch, keep):
+    """Before the cell NVML shows cuda:0 and torch has no figures; after it torch holds 1 GiB."""
+    from vramlab.reconcile import snapshot as real
+    from vramlab.runtime import records
+
+    GiB = 2**30
+    readings = iter([_with_cuda(real(), None, None, None), _with_cuda(real(), GiB, 2 * GiB, 3 * GiB // 2)])
+    monkeypatch.setattr(records, "snapshot", lambda: next(readings))
+    r = Recorder()
+    rec = r.end(r.begin(5, keep_peaks=keep))
+    (d,) = rec.devices
+    assert (d.allocated_start, d.allocated_delta, d.reserved_delta) == (0, GiB, 2 * GiB)
+    assert (d.peak_allocated, d.peak_allocated_delta) == (3 * GiB // 2, 3 * GiB // 2)
+    assert "cuda:0" in rec.line() and "peak +1.50 GiB" in rec.line()

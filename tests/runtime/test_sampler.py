@@ -120,3 +120,49 @@ def test_markers_and_cpu_accounting():
         assert wait_for(lambda: s.cpu_seconds > 0)
     finally:
         s.stop()
+
+
+def test_the_sampler_makes_no_cuda_runtime_call(monkeypatch):
+    """During CUDA graph capture a runtime call from another thread (mem_get_info, a device
+    switch, a synchronize) can invalidate the capture: the sampler reads the allocator's
+    host-side statistics only. torch.cuda is replaced by a recorder that says CUDA is up."""
+    torch = pytest.importorskip("torch")
+    GiB = 2**30
+    calls = []
+
+    class RecordingCuda:
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                calls.append(name)
+                if name == "is_initialized":
+                    return True
+                if name == "device_count":
+                    return 1
+                if name == "memory_stats":
+                    return {"allocated_bytes.all.current": GiB, "reserved_bytes.all.current": 2 * GiB,
+                            "allocated_bytes.all.peak": GiB, "reserved_bytes.all.peak": 2 * GiB}
+                if name == "mem_get_info":
+                    return (14 * GiB, 16 * GiB)
+                raise AssertionError(f"unexpected torch.cuda.{name}")
+
+            return call
+
+    from vramlab.probes import torch_alloc
+
+    monkeypatch.setattr(torch, "cuda", RecordingCuda())
+    monkeypatch.setattr(torch_alloc, "_NAMES", {})
+    s = Sampler()
+    s.start(0.02)
+    try:
+        assert wait_for(lambda: len(s.samples) >= 5)
+    finally:
+        s.stop()
+    assert s.errors == 0, s.last_error
+    assert any(d[0] == "cuda:0" and d[1] == GiB for d in s.samples[-1].devices)
+    assert set(calls) <= {"is_initialized", "device_count", "memory_stats"}, sorted(set(calls))
+    # a reading on the calling thread may ask the runtime (free memory, the device's name)
+    from vramlab.reconcile import snapshot
+
+    calls.clear()
+    snapshot()
+    assert "mem_get_info" in calls

@@ -34,7 +34,9 @@ from typing import Any, Iterator, Optional
 
 __all__ = ["LessonDevice", "Measurement", "pick_device"]
 
-LARGE_GPU = 40 * 2**30  # bytes: a card at least this big runs lessons at their large size
+# bytes: a card at least this big runs lessons at their large size. An A100-40GB reports
+# about 39.4 GiB in total (its 40 GiB less what the driver keeps), so the line sits below it.
+LARGE_GPU = 36 * 2**30
 
 
 @dataclass
@@ -85,10 +87,12 @@ class LessonDevice:
 
     @property
     def budget(self) -> int:
-        """Bytes tensors may use: the card's free memory on CUDA, the virtual budget on CPU."""
+        """Bytes tensors may use: on CUDA the card's free memory plus what torch's caching
+        allocator already reserved (live tensors and its cache, which tensors reuse); the
+        virtual budget on the CPU."""
         if self.is_cuda:
             free, _total = self._torch.cuda.mem_get_info(self.device)
-            return int(free) + self.allocated()
+            return int(free) + int(self._torch.cuda.memory_reserved(self.device))
         return int(self.virtual.budget)
 
     def allocated(self) -> int:

@@ -4,7 +4,8 @@ All sizes are in bytes. This module never imports torch: it reads only when torc
 is already in ``sys.modules`` (or ``import_torch=True`` is passed), and it never
 initialises a device runtime just to read. CUDA and XPU are read only when
 ``is_initialized()`` says the runtime is up, and ``mem_get_info`` only on devices
-where the allocator already holds memory (so a context certainly exists there).
+where the allocator already holds memory (so a context certainly exists there), and
+only by readers that may call the runtime (``runtime_calls=True``: not the sampler).
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ def torch_imported() -> bool:
 _NAMES: dict[tuple[str, int], tuple[Optional[str], Optional[str]]] = {}
 
 
-def _name_uuid(mod: Any, kind: str, i: int) -> tuple[Optional[str], Optional[str]]:
+def _name_uuid(mod: Any, kind: str, i: int, runtime_calls: bool = True) -> tuple[Optional[str], Optional[str]]:
     key = (kind, i)
     if key not in _NAMES:
+        if not runtime_calls:
+            return None, None  # get_device_properties may call the runtime: leave it to the next full read
         name = uuid = None
         try:
             props = mod.get_device_properties(i)
@@ -77,17 +80,17 @@ def _name_uuid(mod: Any, kind: str, i: int) -> tuple[Optional[str], Optional[str
     return _NAMES[key]
 
 
-def _stats_device(mod: Any, kind: str, i: int) -> TorchDevice:
+def _stats_device(mod: Any, kind: str, i: int, runtime_calls: bool = True) -> TorchDevice:
     st = mod.memory_stats(i)
     g = st.get
     reserved = g("reserved_bytes.all.current")
     free = total = None
-    if reserved:
+    if reserved and runtime_calls:
         try:
             free, total = (int(x) for x in mod.mem_get_info(i))
         except Exception:
             free = total = None
-    name, uuid = _name_uuid(mod, kind, i)
+    name, uuid = _name_uuid(mod, kind, i, runtime_calls)
     return TorchDevice(
         id=f"{kind}:{i}",
         kind=kind,
@@ -107,11 +110,17 @@ def _stats_device(mod: Any, kind: str, i: int) -> TorchDevice:
     )
 
 
-def read_torch(import_torch: bool = False) -> tuple[list[TorchDevice], list[str]]:
+def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[list[TorchDevice], list[str]]:
     """Read every initialised torch device. Returns (devices, notes). Never raises.
 
     Args:
         import_torch: import torch if it is not imported yet (a torch feature was asked for).
+        runtime_calls: allow calls that may reach the CUDA runtime (``mem_get_info``, and
+            ``get_device_properties`` the first time a device is read). The sampler thread
+            passes ``False``: a runtime call from another thread during CUDA graph capture
+            can invalidate the capture. It then reads only ``is_initialized``,
+            ``device_count`` (cached by torch once CUDA is up) and ``memory_stats`` (the
+            caching allocator's host-side counters).
     """
     if not import_torch and "torch" not in sys.modules:
         return [], []
@@ -135,7 +144,7 @@ def read_torch(import_torch: bool = False) -> tuple[list[TorchDevice], list[str]
             continue
         for i in range(n):
             try:
-                out.append(_stats_device(mod, kind, i))
+                out.append(_stats_device(mod, kind, i, runtime_calls))
             except Exception as e:
                 notes.append(f"torch {kind}:{i} stats unavailable: {type(e).__name__}: {e}")
     mps = getattr(torch, "mps", None)

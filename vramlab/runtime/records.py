@@ -81,12 +81,14 @@ class Recorder:
         devices = []
         for d1 in s1.devices:
             d0 = before.get(d1.id)
-            # a device that appeared during the cell (torch initialised it) started from 0
-            a0 = d0.torch_allocated if d0 is not None else (0 if d1.torch_allocated is not None else None)
-            r0 = d0.torch_reserved if d0 is not None else (0 if d1.torch_reserved is not None else None)
+            # torch's counters began during the cell (the first cell that creates a CUDA
+            # context, or a device that appeared): they started from 0, and their peak is the cell's
+            fresh = d1.torch_allocated is not None and (d0 is None or d0.torch_allocated is None)
+            a0 = 0 if fresh else (d0.torch_allocated if d0 is not None else None)
+            r0 = 0 if fresh else (d0.torch_reserved if d0 is not None else None)
             p1 = d1.torch_peak_allocated
             p0 = d0.torch_peak_allocated if d0 is not None else None
-            if p1 is not None and (not keep or d0 is None or (p0 is not None and p1 > p0)):
+            if p1 is not None and (not keep or fresh or (p0 is not None and p1 > p0)):
                 pk: Optional[int] = p1
             else:
                 pk = None

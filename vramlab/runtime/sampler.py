@@ -7,6 +7,9 @@
 - An exception while sampling is recorded (``last_error``, ``errors``) and the thread
   goes on; after :data:`MAX_CONSECUTIVE_ERRORS` failures in a row it stops cleanly and
   says why (``stopped_reason``). It never prints and never raises into the kernel.
+- The thread makes no CUDA runtime call (no ``mem_get_info``, no device switch): during
+  CUDA graph capture such a call from another thread can invalidate the capture. It reads
+  NVML and the allocators' host-side counters only.
 - Listeners (the live monitors) are called on the sampler thread after each sample; a
   listener that raises is recorded the same way and removed.
 
@@ -33,6 +36,14 @@ MAX_CONSECUTIVE_ERRORS = 20
 MIN_INTERVAL = 0.01  # seconds
 
 
+def _background_reading() -> Any:
+    """One snapshot fit for a background thread: NVML and the allocators' host-side
+    counters, no CUDA runtime call (see :func:`vramlab.reconcile.snapshot`)."""
+    from ..reconcile import snapshot  # at first use: %load_ext stays cheap
+
+    return snapshot(cuda_calls=False)
+
+
 def sample_from(snap: Any) -> Sample:
     """Compress a :class:`~vramlab.model.Snapshot` into a :class:`~vramlab.model.Sample`."""
     h = snap.host
@@ -49,7 +60,7 @@ class Sampler:
 
     def __init__(self, read: Optional[Callable[[], Any]] = None, ring_size: int = RING_SIZE) -> None:
         if read is None:
-            from ..reconcile import snapshot as read  # at first use: %load_ext stays cheap
+            read = _background_reading
         self._read = read
         self._lock = threading.RLock()
         self._stop = threading.Event()
