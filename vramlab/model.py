@@ -413,7 +413,13 @@ class History:
 
 @dataclass(frozen=True)
 class OOMExplanation:
-    """What an OOM asked for and what could be done. Sizes in bytes."""
+    """What an OOM asked for and what could be done. Sizes in bytes.
+
+    ``reserved_unallocated`` is torch's cache that could not serve the request (it sits in
+    split blocks, none large enough): it is not counted as available. ``shortfall`` is the
+    request less the free memory; ``fragmentation_is_cause`` says that free memory and that
+    cache together would have held the request.
+    """
 
     message: str
     requested: Optional[int]
@@ -426,6 +432,7 @@ class OOMExplanation:
     suggestions: tuple[str, ...]
     batch_size: Optional[int] = None
     fitting_batch_size: Optional[int] = None
+    fragmentation_is_cause: bool = False
 
     def text(self) -> str:
         """A plain-text explanation."""

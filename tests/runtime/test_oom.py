@@ -36,8 +36,19 @@ def test_fragmentation_first_when_cache_could_hold_the_request():
     import torch
 
     ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG.replace("1.75 GiB is reserved", "2.50 GiB is reserved")))
-    assert ex.shortfall == 0
+    assert ex.shortfall == 512 * MiB  # 2 GiB asked, 1.5 GiB free: the cache is not usable
+    assert ex.fragmentation_is_cause  # 1.5 GiB free + 2.5 GiB cached would hold it
     assert "expandable_segments" in ex.suggestions[0]
+    assert "not usable for this request" in ex.text() and "fragmentation is the cause" in ex.text()
+
+
+def test_fragmentation_is_not_the_cause_when_free_and_cache_fall_short():
+    import torch
+
+    msg = CUDA_MSG.replace("1.75 GiB is reserved", "256.00 MiB is reserved")
+    ex = explain_oom(torch.OutOfMemoryError(msg))
+    assert not ex.fragmentation_is_cause and ex.shortfall == 512 * MiB
+    assert not any("expandable_segments" in s for s in ex.suggestions)
 
 
 def test_batch_size_suggestion_uses_measured_cost():
@@ -45,8 +56,8 @@ def test_batch_size_suggestion_uses_measured_cost():
 
     ns = {"batch_size": 64}
     ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), ns)
-    # wanted >= 2 GiB (the request), available 1.5 + 1.75 GiB: 64 * 3.25 / 2 -> capped below 64
-    assert ex.batch_size == 64 and ex.fitting_batch_size == 63
+    # wanted >= 2 GiB (the request), usable 1.5 GiB (the 1.75 GiB fragmented cache is not): 64 * 1.5 / 2
+    assert ex.batch_size == 64 and ex.fitting_batch_size == 48
     ns = {"bs": 64}
     msg = CUDA_MSG.replace("1.50 GiB is free", "256.00 MiB is free").replace("1.75 GiB is reserved", "0 bytes is reserved")
     ex = explain_oom(torch.OutOfMemoryError(msg), ns)

@@ -200,9 +200,12 @@ def oom_text(e: OOMExplanation) -> str:
         lines.append(f"  free on the device   {format_bytes(e.free)}"
                      + (f" of {format_bytes(e.total)}" if e.total else ""))
     if e.reserved_unallocated is not None:
-        lines.append(f"  cached, unallocated  {format_bytes(e.reserved_unallocated)} (reserved by torch, fragmented)")
+        lines.append(f"  cached, unallocated  {format_bytes(e.reserved_unallocated)} (reserved by torch in split blocks, "
+                     "none large enough: not usable for this request)")
     if e.shortfall is not None:
         lines.append(f"  short by             {format_bytes(e.shortfall)}")
+    if e.fragmentation_is_cause:
+        lines.append("  fragmentation is the cause: free memory and the cache together would hold the request")
     if e.consumers:
         lines.append("  largest live consumers:")
         for name, n, where in e.consumers:

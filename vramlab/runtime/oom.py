@@ -157,9 +157,15 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
     msg = str(exc)
     f = parse_oom_message(msg)
     requested, free, frag = f["requested"], f["free"], f["reserved_unallocated"]
+    # What torch reserved but has not allocated could not serve the request: the allocator
+    # tries its cached blocks first and releases the wholly free ones before it gives up, so
+    # what is left sits in split blocks (segments that still hold live tensors), none large
+    # enough. It is not usable; it is fragmentation.
     shortfall = None
+    frag_cause = False
     if requested is not None and free is not None:
-        shortfall = max(requested - free - (frag or 0), 0)
+        shortfall = max(requested - free, 0)
+        frag_cause = bool(frag) and free + (frag or 0) >= requested
     consumers = tuple(_live_consumers(user_ns))
     bs = None
     for n in _BATCH_NAMES:
@@ -175,7 +181,7 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
             deltas = [d.peak_allocated_delta or 0 for d in record.devices]
             cell_alloc = max(deltas, default=0)
         need = cell_alloc + requested  # at least this much was wanted by the cell
-        budget = cell_alloc + free + (frag or 0)
+        budget = cell_alloc + free  # the fragmented cache is not usable
         if need > 0:
             fit_bs = max(int(bs * budget // need), 0)
             if fit_bs >= bs:
@@ -187,10 +193,10 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
                 f"({format_bytes(per)} per sample) and {format_bytes(budget)} was available to it")
     elif requested is not None and free is not None and requested > 0:
         suggestions.append(f"shrink what this step holds at once (the batch) to at most "
-                           f"{100.0 * (free + (frag or 0)) / requested:.0f}% of the failed request's size")
-    if frag and requested and frag >= 0.5 * requested:
-        # when the cache alone could hold the request, fragmentation is the first thing to fix
-        at = 0 if shortfall == 0 else len(suggestions)
+                           f"{100.0 * free / requested:.0f}% of the failed request's size")
+    if frag and requested and (frag_cause or frag >= 0.5 * requested):
+        # when free memory and the cache together could hold the request, fragmentation is the cause
+        at = 0 if frag_cause else len(suggestions)
         suggestions.insert(at, f"{format_bytes(frag)} is cached but fragmented: set "
                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts, "
                            "or call torch.cuda.empty_cache() between phases")
@@ -199,6 +205,7 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
     suggestions.append("offload activations (torch.autograd.graph.save_on_cpu) or optimizer state to host RAM")
     return OOMExplanation(message=msg, requested=requested, total=f["total"], free=free, reserved_unallocated=frag,
                           torch_allocated=f["torch_allocated"], shortfall=shortfall, consumers=consumers,
+                          fragmentation_is_cause=frag_cause,
                           suggestions=tuple(suggestions), batch_size=bs, fitting_batch_size=fit_bs)
 
 
