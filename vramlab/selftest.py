@@ -4,16 +4,22 @@ With no GPU (or no NVML) each check is reported as skipped and the exit status i
 On a CUDA machine it checks, in this order:
 
 1. reading (a snapshot with torch imported) creates no CUDA context;
-2. each NVML device reading agrees with ``nvidia-smi --query-gpu``;
-3. vramlab's ``cuda:i`` is torch's ``cuda:i`` (same UUID);
-4. allocating 1 GiB moves torch allocated by exactly 1 GiB, reserved and NVML's
-   process-used by 1 GiB within the allocator's rounding;
-5. the layers of every device add up to its total;
-6. NVML free agrees with ``torch.cuda.mem_get_info``;
-7. ``vramlab.estimate`` of a training step (MLP, CNN, small GPT; Adam) is within 5% of
-   ``torch.cuda.max_memory_allocated`` for the same step run for real.
+2. each NVML device reading agrees with ``nvidia-smi --query-gpu`` (total within 2 MiB,
+   used within 64 MiB, the same name);
+3. vramlab's ``cuda:i`` is torch's ``cuda:i``: NVML matched every CUDA device (source
+   ``nvml+torch``) and NVML's UUID is torch's;
+4. allocating 1 GiB moves torch allocated by exactly 1 GiB, reserved by 1 GiB within the
+   allocator's rounding, and NVML's process-used with reserved (within 32 MiB);
+5. the raw readings agree before any clamping: NVML's used + free + reserved is its total,
+   and NVML's figure for this process covers torch's reserved memory;
+6. NVML's free memory agrees with ``torch.cuda.mem_get_info`` (within 64 MiB), and
+   ``mem_get_info``'s total with NVML's total less the driver's reservation;
+7. ``vramlab.estimate`` of a training step is within 5% of ``torch.cuda.max_memory_allocated``
+   for the very step function the estimate runs (MLP, CNN, small GPT; two batch sizes
+   each; Adam), after cuBLAS and cuDNN were warmed up.
 
-Exit status 1 when any check fails.
+Each check is a pure function of its readings (``check_*``), so the tests feed each one
+readings that must fail and see it FAIL. Exit status 1 when any check fails.
 """
 
 from __future__ import annotations
@@ -24,12 +30,19 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Check", "run_checks", "main"]
+__all__ = ["Check", "run_checks", "main", "CHECKS", "check_no_context", "check_nvidia_smi", "check_mapping",
+           "check_allocation", "check_readings", "check_free_memory", "check_estimates"]
 
 GiB = 1 << 30
 MiB = 1 << 20
+
+#: The checks' names, in order.
+CHECKS = ("no context on read", "NVML vs nvidia-smi", "cuda:i is torch's cuda:i", "1 GiB allocation",
+          "readings agree", "NVML free vs mem_get_info", "estimate vs max_memory_allocated")
+
+Verdict = tuple[Optional[bool], str]  # (True PASS / False FAIL / None SKIP, detail)
 
 
 @dataclass
@@ -39,6 +52,126 @@ class Check:
     name: str
     status: str
     detail: str
+
+
+# --------------------------------------------------------------------------- the checks (pure)
+
+
+def _bare(uuid: Optional[str]) -> str:
+    u = (uuid or "").strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if u.startswith(prefix):
+            return u[len(prefix):]
+    return u
+
+
+def check_no_context(initialised_before: bool, initialised_after: bool, process_used: Sequence[int]) -> Verdict:
+    """Reading with torch imported must leave CUDA uninitialised and this process off the GPU."""
+    if initialised_before:
+        return None, "CUDA was initialised before the check"
+    ok = not initialised_after and not any(process_used)
+    return ok, (f"is_initialized after a reading={initialised_after}, "
+                f"NVML process-used={[n for n in process_used if n] or 0}")
+
+
+def check_nvidia_smi(nvml_devices: Sequence[Any], smi_rows: Sequence[dict[str, str]]) -> Verdict:
+    """NVML's whole GPUs against ``nvidia-smi`` rows (MiB figures, as it prints them)."""
+    whole = {d.uuid: d for d in nvml_devices if d.mig_index is None and d.uuid}
+    bad = []
+    for row in smi_rows:
+        d = whole.get(row["uuid"])
+        if d is None:
+            bad.append(f"{row['uuid']} missing")
+            continue
+        tot = int(float(row["memory.total"])) * MiB
+        used = int(float(row["memory.used"])) * MiB
+        if d.total is None or abs(d.total - tot) > 2 * MiB:
+            bad.append(f"{d.uuid} total {d.total} vs {tot}")
+        # nvidia-smi's used includes driver-reserved memory on v2 drivers.
+        nv_used = (d.used or 0) + (d.reserved or 0)
+        if abs(nv_used - used) > 64 * MiB and abs((d.used or 0) - used) > 64 * MiB:
+            bad.append(f"{d.uuid} used {nv_used} vs {used}")
+        if d.name != row["name"]:
+            bad.append(f"{d.uuid} name {d.name!r} vs {row['name']!r}")
+    if not smi_rows:
+        return False, "nvidia-smi listed no GPU"
+    return not bad, "; ".join(bad) or f"{len(smi_rows)} device(s) agree (total within 2 MiB, used within 64 MiB)"
+
+
+def check_mapping(snap: Any, torch_uuids: Sequence[str]) -> Verdict:
+    """``snap``'s ``cuda:i`` must be NVML's reading of torch's device ``i`` (by UUID)."""
+    bad = []
+    for i, u in enumerate(torch_uuids):
+        try:
+            d = snap.device(f"cuda:{i}")
+        except KeyError:
+            bad.append(f"cuda:{i} missing")
+            continue
+        if d.source != "nvml+torch":
+            bad.append(f"cuda:{i}: NVML did not match it (source {d.source})")
+        elif _bare(d.uuid) != _bare(u):
+            bad.append(f"cuda:{i}: NVML {d.uuid} vs torch {u}")
+    if not torch_uuids:
+        return False, "torch reports no CUDA device"
+    return not bad, "; ".join(bad) or f"{len(torch_uuids)} device(s), NVML matched each by torch's UUID"
+
+
+def check_allocation(before: Any, after: Any, size: int = GiB) -> Verdict:
+    """Device readings before and after allocating ``size`` bytes in one tensor."""
+    from .units import format_bytes
+
+    da = (after.torch_allocated or 0) - (before.torch_allocated or 0)
+    dr = (after.torch_reserved or 0) - (before.torch_reserved or 0)
+    dp = None if after.process_used is None or before.process_used is None else after.process_used - before.process_used
+    ok = da == size and size <= dr <= size + 20 * MiB and (dp is None or abs(dp - dr) <= 32 * MiB)
+    return ok, (f"allocated +{format_bytes(da)}, reserved +{format_bytes(dr)}, NVML process "
+                + ("n/a (PID not listed)" if dp is None else f"+{format_bytes(dp)}"))
+
+
+def check_readings(snap: Any) -> Verdict:
+    """The raw figures agree before the layers clamp them: NVML's used + free + reserved is
+    its total (1 MiB), and NVML's figure for this process covers torch's reserved memory."""
+    bad = []
+    n = 0
+    for d in snap.devices:
+        if not d.id.startswith("cuda:") or d.total is None or d.used is None or d.free is None:
+            continue
+        n += 1
+        gap = d.total - d.used - d.free - (d.driver_reserved or 0)
+        if abs(gap) > MiB:
+            bad.append(f"{d.id}: used + free + reserved is {gap:+d} bytes off the total")
+        if d.process_used is not None and d.torch_reserved is not None and d.process_used < d.torch_reserved:
+            bad.append(f"{d.id}: NVML's process figure {d.process_used} is below torch reserved {d.torch_reserved}")
+    if not n:
+        return False, "no CUDA device with NVML figures"
+    return not bad, "; ".join(bad) or f"{n} device(s): NVML adds up, and covers torch's reserved memory"
+
+
+def check_free_memory(device: Any, mem_get_info: tuple[int, int]) -> Verdict:
+    """NVML's free memory of ``device`` against ``torch.cuda.mem_get_info`` ``(free, total)``."""
+    from .units import format_bytes
+
+    free, total = mem_get_info
+    if device.free is None or device.total is None:
+        return False, f"{device.id}: NVML gives no free figure"
+    diff = abs(device.free - free)
+    rd = device.driver_reserved or 0
+    ok_total = device.total - rd - 64 * MiB <= total <= device.total
+    return diff <= 64 * MiB and ok_total, (
+        f"NVML free {format_bytes(device.free)} vs mem_get_info {format_bytes(free)} (diff {format_bytes(diff)}); "
+        f"totals NVML {format_bytes(device.total)} (reserved {format_bytes(rd)}) vs mem_get_info {format_bytes(total)}")
+
+
+def check_estimates(pairs: Sequence[tuple[str, int, int]], tolerance: float = 0.05) -> Verdict:
+    """``(label, estimated peak, measured peak)`` per step: each within ``tolerance``."""
+    if not pairs:
+        return False, "no step was measured"
+    errs = [(label, (est - real) / real if real else float("inf")) for label, est, real in pairs]
+    ok = all(abs(e) <= tolerance for _, e in errs)
+    return ok, "estimate vs measured: " + ", ".join(f"{label} {e:+.1%}" for label, e in errs)
+
+
+# --------------------------------------------------------------------------- readings on the GPU
 
 
 def _nvidia_smi() -> Optional[list[dict[str, str]]]:
@@ -57,24 +190,53 @@ def _nvidia_smi() -> Optional[list[dict[str, str]]]:
     return rows
 
 
+#: The estimator check's steps: (label, model factory name, kwargs, batch sizes).
+ESTIMATE_STEPS: tuple[tuple[str, str, dict[str, Any], tuple[int, ...]], ...] = (
+    ("MLP", "make_mlp", {}, (64, 256)),
+    ("CNN", "make_cnn", {}, (16, 64)),
+    ("GPT small", "make_gpt", {"size": "small", "seq": 256}, (2, 4)),
+)
+
+
+def estimate_pairs(torch: Any, log: Callable[[str], None] = lambda s: None) -> list[tuple[str, int, int]]:
+    """Estimated and measured peaks on cuda:0 for :data:`ESTIMATE_STEPS` (bytes)."""
+    from .lessons import models
+    from .sim.estimate import estimate, measure_cuda, warm_up_cuda
+
+    warm_up_cuda(torch)
+    out = []
+    for label, factory, kw, batches in ESTIMATE_STEPS:
+        build, batch, loss_fn = getattr(models, factory)(**kw)
+        for b in batches:
+            est = estimate(build, batch, batch_size=b, optimizer="adam", loss_fn=loss_fn, device="H100-80GB")
+            real = measure_cuda(build, batch, batch_size=b, optimizer="adam", loss_fn=loss_fn, steps=est.steps)
+            out.append((f"{label} b={b}", est.peak, real))
+            log(f"{label} b={b}: estimated {est.peak}, measured {real}")
+    return out
+
+
 def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
-    """Run every check; returns their outcomes (never raises)."""
+    """Run every check on this machine; returns their outcomes (never raises)."""
     from .probes.nvml import read_nvml
     from .reconcile import snapshot
-    from .units import format_bytes
 
     checks: list[Check] = []
 
-    def add(name: str, ok: Optional[bool], detail: str) -> None:
+    def add(name: str, verdict: Verdict) -> None:
+        ok, detail = verdict
         checks.append(Check(name, "SKIP" if ok is None else ("PASS" if ok else "FAIL"), detail))
         log(f"{checks[-1].status:4}  {name}: {detail}")
 
+    def guarded(name: str, fn: Callable[[], Verdict]) -> None:
+        try:
+            add(name, fn())
+        except Exception as e:  # a check that crashes has failed
+            add(name, (False, f"{type(e).__name__}: {e}"))
+
     nv = read_nvml()
-    names = ["no context on read", "NVML vs nvidia-smi", "cuda:i is torch's cuda:i", "1 GiB allocation",
-             "layers sum to total", "NVML free vs mem_get_info", "estimate vs max_memory_allocated"]
     if nv.reason or not nv.devices:
-        for n in names:
-            add(n, None, f"skipped: {nv.reason or 'no NVIDIA device'}")
+        for n in CHECKS:
+            add(n, (None, f"skipped: {nv.reason or 'no NVIDIA device'}"))
         return checks
     try:
         import torch
@@ -85,14 +247,14 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
 
     # 1. no context on read
     if torch is None:
-        add(names[0], None, torch_reason)
+        add(CHECKS[0], (None, torch_reason))
     else:
-        was = torch.cuda.is_initialized()
-        snap = snapshot()
-        mine = [d.process_used for d in snap.devices if d.process_used]
-        ok = (not was and not torch.cuda.is_initialized() and not mine)
-        add(names[0], ok if not was else None,
-            f"is_initialized before={was} after={torch.cuda.is_initialized()}, NVML process-used={mine or 0}")
+        def no_context() -> Verdict:
+            was = torch.cuda.is_initialized()
+            snap = snapshot()
+            return check_no_context(was, torch.cuda.is_initialized(),
+                                    [d.process_used or 0 for d in snap.devices])
+        guarded(CHECKS[0], no_context)
 
     # 2. NVML vs nvidia-smi
     try:
@@ -101,135 +263,66 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
         smi = None
         log(f"nvidia-smi failed: {e}")
     if smi is None:
-        add(names[1], None, "nvidia-smi not found or failed")
+        add(CHECKS[1], (None, "nvidia-smi not found or failed"))
     else:
-        nv2 = read_nvml()
-        whole = {d.uuid: d for d in nv2.devices if d.mig_index is None}
-        bad = []
-        for row in smi:
-            d = whole.get(row["uuid"])
-            if d is None:
-                bad.append(f"{row['uuid']} missing")
-                continue
-            tot = int(float(row["memory.total"])) * MiB
-            used = int(float(row["memory.used"])) * MiB
-            if d.total is None or abs(d.total - tot) > 2 * MiB:
-                bad.append(f"{d.uuid} total {d.total} vs {tot}")
-            # nvidia-smi's used includes driver-reserved memory on v2 drivers.
-            nv_used = (d.used or 0) + (d.reserved or 0)
-            if abs(nv_used - used) > 64 * MiB and abs((d.used or 0) - used) > 64 * MiB:
-                bad.append(f"{d.uuid} used {nv_used} vs {used}")
-            if d.name != row["name"]:
-                bad.append(f"{d.uuid} name {d.name!r} vs {row['name']!r}")
-        add(names[1], not bad, "; ".join(bad) or f"{len(smi)} device(s) agree (total within 2 MiB, used within 64 MiB)")
+        guarded(CHECKS[1], lambda: check_nvidia_smi(read_nvml().devices, smi))
 
     if not cuda_ok:
-        for n in names[2:]:
-            add(n, None, "torch.cuda is not available")
+        for n in CHECKS[2:]:
+            add(n, (None, "torch.cuda is not available"))
         return checks
 
-    # 3. mapping
     dev = torch.device("cuda:0")
     torch.empty(1, device=dev)  # create the context now, so later deltas are the allocation alone
     torch.cuda.synchronize()
-    snap = snapshot()
-    bad = []
-    for i in range(torch.cuda.device_count()):
-        u = str(torch.cuda.get_device_properties(i).uuid)
-        try:
-            d = snap.device(f"cuda:{i}")
-        except KeyError:
-            bad.append(f"cuda:{i} missing")
-            continue
-        if d.uuid is None or u.lower() not in d.uuid.lower():
-            bad.append(f"cuda:{i}: vramlab {d.uuid} vs torch {u}")
-    add(names[2], not bad, "; ".join(bad) or f"{torch.cuda.device_count()} device(s), UUIDs match")
+
+    # 3. mapping
+    guarded(CHECKS[2], lambda: check_mapping(
+        snapshot(), [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]))
 
     # 4. 1 GiB allocation
-    time.sleep(0.2)
-    before = snapshot().device("cuda:0")
-    x = torch.empty(GiB, dtype=torch.uint8, device=dev)
-    torch.cuda.synchronize()
-    time.sleep(0.5)  # NVML's per-process figure is sampled by the driver
-    after = snapshot().device("cuda:0")
-    da = (after.torch_allocated or 0) - (before.torch_allocated or 0)
-    dr = (after.torch_reserved or 0) - (before.torch_reserved or 0)
-    dp = None if after.process_used is None or before.process_used is None else after.process_used - before.process_used
-    ok = da == GiB and GiB <= dr <= GiB + 20 * MiB and (dp is None or abs(dp - dr) <= 32 * MiB)
-    add(names[3], ok, f"allocated +{format_bytes(da)}, reserved +{format_bytes(dr)}, NVML process "
-        + ("n/a (PID not listed)" if dp is None else f"+{format_bytes(dp)}"))
+    def allocation() -> Verdict:
+        time.sleep(0.2)
+        before = snapshot().device("cuda:0")
+        x = torch.empty(GiB, dtype=torch.uint8, device=dev)
+        torch.cuda.synchronize()
+        time.sleep(0.5)  # NVML's per-process figure is sampled by the driver
+        after = snapshot().device("cuda:0")
+        del x
+        return check_allocation(before, after)
+    guarded(CHECKS[3], allocation)
 
-    # 5. layers
-    snap = snapshot()
-    bad = [f"{d.id}: sum {sum(n for _, n in d.layers)} != total {d.total}" for d in snap.devices
-           if d.total is not None and d.layers and sum(n for _, n in d.layers) != d.total]
-    add(names[4], not bad, "; ".join(bad) or "exact for every device")
+    # 5. raw readings agree
+    guarded(CHECKS[4], lambda: check_readings(snapshot()))
 
     # 6. mem_get_info
-    free, total = torch.cuda.mem_get_info(0)
-    d = snapshot().device("cuda:0")
-    diff = abs((d.free or 0) - free)
-    add(names[5], diff <= 64 * MiB and total == (d.mem_info_total or total),
-        f"NVML free {format_bytes(d.free)} vs mem_get_info {format_bytes(free)} (diff {format_bytes(diff)})")
-    del x
+    def free_memory() -> Verdict:
+        info = tuple(int(v) for v in torch.cuda.mem_get_info(0))
+        return check_free_memory(snapshot().device("cuda:0"), info)  # type: ignore[arg-type]
+    guarded(CHECKS[5], free_memory)
     torch.cuda.empty_cache()
 
     # 7. the estimator against the real allocator
-    try:
-        add(names[6], *_estimate_check(torch))
-    except Exception as e:
-        add(names[6], False, f"{type(e).__name__}: {e}")
+    guarded(CHECKS[6], lambda: check_estimates(estimate_pairs(torch, log)))
     return checks
 
 
-def _estimate_check(torch: object) -> tuple[bool, str]:
-    """Estimated peak vs measured peak on cuda:0 for three models; within 5% each."""
-    import torch as t
-
-    from .lessons.models import make_cnn, make_gpt, make_mlp
-    from .sim.estimate import estimate
-
-    out = []
-    ok = True
-    for label, (build, batch, loss_fn), b in (("MLP", make_mlp(), 256), ("CNN", make_cnn(), 64),
-                                              ("GPT small", make_gpt("small", seq=256), 4)):
-        est = estimate(build, batch, batch_size=b, optimizer="adam", loss_fn=loss_fn, device="H100-80GB")
-        t.cuda.synchronize()
-        t.cuda.empty_cache()
-        t.cuda.reset_peak_memory_stats()
-        base = t.cuda.memory_allocated()  # the estimate counts the model's parameters too
-        model = build().cuda()
-        opt = t.optim.Adam(model.parameters(), foreach=True)
-        for _ in range(est.steps):
-            inputs, *targets = (v.cuda() for v in batch(b))
-            l = loss_fn(model(inputs), *targets)
-            opt.zero_grad(set_to_none=True)
-            l.backward()
-            opt.step()
-            del inputs, targets, l
-        t.cuda.synchronize()
-        real = t.cuda.max_memory_allocated() - base
-        err = (est.peak - real) / real
-        ok = ok and abs(err) <= 0.05
-        out.append(f"{label} {err:+.1%}")
-        del model, opt
-        t.cuda.empty_cache()
-    return ok, "estimate vs measured: " + ", ".join(out)
+def table(checks: Sequence[Check]) -> str:
+    """The PASS/FAIL table and its totals, as ``main`` prints them."""
+    w = max(len(c.name) for c in checks)
+    lines = [f"{c.status:4}  {c.name:<{w}}  {c.detail}" for c in checks]
+    counts = {s: sum(c.status == s for c in checks) for s in ("PASS", "FAIL", "SKIP")}
+    lines.append(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Print the PASS/FAIL table; exit 1 when a check failed."""
     print(f"vramlab self-check · python {sys.version.split()[0]} · pid {os.getpid()}")
     checks = run_checks(log=lambda s: None)
-    w = max(len(c.name) for c in checks)
     print()
-    for c in checks:
-        print(f"{c.status:4}  {c.name:<{w}}  {c.detail}")
-    failed = [c for c in checks if c.status == "FAIL"]
-    passed = [c for c in checks if c.status == "PASS"]
-    skipped = [c for c in checks if c.status == "SKIP"]
-    print(f"\n{len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped")
-    return 1 if failed else 0
+    print(table(checks))
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

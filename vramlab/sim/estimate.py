@@ -37,7 +37,7 @@ from .ledger import CATEGORIES, Ledger, LedgerHooks
 from .presets import get_preset
 from .virtual_gpu import VirtualGPU
 
-__all__ = ["Estimate", "estimate", "measure", "OPTIMIZERS"]
+__all__ = ["Estimate", "estimate", "measure", "measure_cuda", "warm_up_cuda", "OPTIMIZERS"]
 
 #: Optimizers by name, for ``optimizer="adamw"``.
 OPTIMIZERS: dict[str, type] = {
@@ -398,3 +398,56 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
         _run_steps(model, make_batch, batch_size, opt, loss_fn, dtype, train, steps)
     return _result(gpu.ledger, tgt, model, batch_size=batch_size, step=step, steps=steps, dtype=dtype,
                    method="measured (VirtualGPU)", t0=t0, notes=[])
+
+
+def _to_device(batch: Any, device: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def warm_up_cuda(torch_mod: Any = torch, device: str = "cuda:0") -> None:
+    """Load cuBLAS and cuDNN on ``device`` (their handles and workspaces, which the caching
+    allocator counts) so that a baseline read afterwards holds them already."""
+    dev = torch_mod.device(device)
+    a = torch_mod.randn(256, 256, device=dev, requires_grad=True)
+    (a @ a).sum().backward()
+    conv = torch_mod.nn.Conv2d(3, 8, 3).to(dev)
+    conv(torch_mod.randn(2, 3, 32, 32, device=dev)).sum().backward()
+    torch_mod.cuda.synchronize(dev)
+    del a, conv
+    torch_mod.cuda.empty_cache()
+
+
+def measure_cuda(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
+                 optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
+                 loss_fn: Optional[Callable[..., Any]] = None, steps: Optional[int] = None,
+                 device: str = "cuda:0") -> int:
+    """Run the very steps :func:`estimate` runs, for real on a CUDA device; return the peak
+    bytes ``torch.cuda.max_memory_allocated`` reports above what was allocated before.
+
+    The model is built on the device, the optimizer as ``estimate`` builds it for a CUDA
+    preset (``foreach=True``), and ``make_batch``'s tensors are moved to the device. Call
+    :func:`warm_up_cuda` once first, so that cuBLAS and cuDNN workspaces are not counted.
+    """
+    train, steps = _check_args(batch_size, step, steps, optimizer)
+    dev = torch.device(device)
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    with torch.device(dev):
+        model = build_model()
+    if dtype is not None:
+        model = model.to(dtype)
+    opt = _make_optimizer(optimizer, model, True)
+    _run_steps(model, lambda b: _to_device(make_batch(b), dev), batch_size, opt, loss_fn, dtype, train, steps)
+    torch.cuda.synchronize(dev)
+    peak = int(torch.cuda.max_memory_allocated(dev)) - int(base)
+    del model, opt
+    torch.cuda.empty_cache()
+    return peak
