@@ -9,7 +9,7 @@
 # one it uses a *virtual GPU*: a card simulated on the CPU that counts every tensor's bytes exactly
 # and raises the same `torch.OutOfMemoryError` a real card raises. Here the virtual card is a
 # deliberately tiny 64 MiB one, so that the CPU reaches the wall in seconds; the code is the same
-# on a real card, only the wall is further away.
+# on a real card, where the wall is further away.
 
 # %%
 import time

@@ -9,7 +9,8 @@
 #
 # Lesson 02 showed that memory is linear in the batch size; here the batch is fixed and the model
 # changes. Without a CUDA GPU the device is a virtual card of 256 MiB, small enough that the CPU
-# reaches its border within seconds; the shape of every curve is the same on a real card.
+# reaches its border within seconds. On a real card the curves should keep their shape (not yet
+# checked on one: vramlab's GPU runs are reported in `docs/gpu-runs/`).
 
 # %%
 import matplotlib.pyplot as plt
