@@ -33,7 +33,7 @@ import threading
 from typing import Callable, Optional
 
 from .model import DEVICE_LAYERS, HOST_LAYERS, DeviceSnapshot, HostReading, HostSnapshot, Snapshot
-from .probes.cuda_order import map_visible_devices
+from .probes.cuda_order import bare_uuid, map_visible_devices
 from .probes.host import read_host
 from .probes.nvml import NvmlDevice, read_nvml
 from .probes.torch_alloc import TorchDevice, read_torch
@@ -166,16 +166,6 @@ def reset_provider_peaks() -> None:
 # --------------------------------------------------------------------------- snapshot()
 
 
-def _bare_uuid(uuid: Optional[str]) -> str:
-    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case: torch reports the bare form,
-    NVML the prefixed one, and a MIG instance's bytes are the same in both."""
-    u = (uuid or "").strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        if u.startswith(prefix):
-            return u[len(prefix):]
-    return u
-
-
 def _order_note(visible: list[NvmlDevice]) -> Optional[str]:
     """Before torch is up, ``cuda:i`` follows NVML's PCI order. CUDA's default order
     (``CUDA_DEVICE_ORDER=FASTEST_FIRST``) is the same only when the GPUs are alike; say
@@ -288,14 +278,14 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
     notes.extend(tnotes)
 
     devices: list[DeviceSnapshot] = []
-    nv_by_uuid = {_bare_uuid(d.uuid): d for d in nvml.devices if d.uuid}
+    nv_by_uuid = {bare_uuid(d.uuid): d for d in nvml.devices if d.uuid}
     used_nv: set[tuple[int, Optional[int]]] = set()
     cuda_t = [t for t in torch_devs if t.kind == "cuda"]
     visible = map_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.devices)
     if cuda_t:
         # torch is up: map by the UUIDs torch reports (exact).
         for t in cuda_t:
-            nv = nv_by_uuid.get(_bare_uuid(t.uuid)) if t.uuid else None
+            nv = nv_by_uuid.get(bare_uuid(t.uuid)) if t.uuid else None
             if nv is None and t.uuid is None and t.index < len(visible):
                 nv = visible[t.index]  # old torch without uuid: fall back to the env mapping
             if nv is not None:

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from .probes.cuda_order import bare_uuid
+
 __all__ = ["Check", "run_checks", "main", "CHECKS", "check_no_context", "check_nvidia_smi", "check_mapping",
            "check_allocation", "check_readings", "check_free_memory", "check_estimates"]
 
@@ -55,14 +57,6 @@ class Check:
 
 
 # --------------------------------------------------------------------------- the checks (pure)
-
-
-def _bare(uuid: Optional[str]) -> str:
-    u = (uuid or "").strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        if u.startswith(prefix):
-            return u[len(prefix):]
-    return u
 
 
 def check_no_context(initialised_before: bool, initialised_after: bool, process_used: Sequence[int]) -> Verdict:
@@ -109,7 +103,7 @@ def check_mapping(snap: Any, torch_uuids: Sequence[str]) -> Verdict:
             continue
         if d.source != "nvml+torch":
             bad.append(f"cuda:{i}: NVML did not match it (source {d.source})")
-        elif _bare(d.uuid) != _bare(u):
+        elif bare_uuid(d.uuid) != bare_uuid(u):
             bad.append(f"cuda:{i}: NVML {d.uuid} vs torch {u}")
     if not torch_uuids:
         return False, "torch reports no CUDA device"

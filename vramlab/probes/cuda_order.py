@@ -13,7 +13,17 @@ from typing import Optional, Sequence
 
 from .nvml import NvmlDevice
 
-__all__ = ["map_visible_devices", "parse_visible_devices"]
+__all__ = ["map_visible_devices", "parse_visible_devices", "bare_uuid"]
+
+
+def bare_uuid(uuid: Optional[str]) -> str:
+    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case: torch reports the bare form,
+    NVML the prefixed one, and a MIG instance's bytes are the same in both."""
+    u = (uuid or "").strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if u.startswith(prefix):
+            return u[len(prefix):]
+    return u
 
 
 def parse_visible_devices(value: Optional[str]) -> Optional[list[str]]:
