@@ -38,8 +38,11 @@ def test_bad_watch_interval():
 
 
 def test_watch_refreshes_until_ctrl_c_and_exits_zero():
+    # The child gets SIGINT at its default whatever this run inherited: a background job of a
+    # non-interactive shell starts with SIGINT ignored, and the Ctrl-C below would never arrive.
     p = subprocess.Popen([sys.executable, "-m", "vramlab", "--watch", "0.2", "--json"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         deadline = time.monotonic() + 30
