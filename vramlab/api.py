@@ -43,11 +43,11 @@ def watch(interval: Optional[float] = None) -> Any:
     from .display.widget import Monitor
 
     s = get_sampler()
-    snapshot()  # on this thread: reads the device names once, which the sampler thread may not
+    # the first reading on this thread, in full: it reads the device names once, which the
+    # sampler thread may not (no CUDA runtime call there)
+    s.sample_now(snapshot)
     if interval is not None or not s.running:
         s.start(interval)
-    if s.latest is None:
-        s.sample_now()
     m = Monitor(s)
     _MONITORS.add(m)
     return m

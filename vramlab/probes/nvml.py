@@ -252,7 +252,6 @@ class _Nvml:
             pynvml = self._mod
             pid = os.getpid()
             devices = []
-            notes: list[str] = []
             for h, idx, mig_idx, parent_uuid, mig_on, gi, ci, why in self._handles:
                 if h is not None and why is None:
                     try:
@@ -260,15 +259,15 @@ class _Nvml:
                         continue
                     except Exception as e:
                         why = _nvml_error_text(pynvml, e)
-                name = self._static.get(id(h), ("?", None))[0] if h is not None else "?"
+                name, uuid = self._static.get(id(h), ("?", None)) if h is not None else ("?", None)
                 where = f"NVML device {idx}" + (f" (MIG slot {mig_idx})" if mig_idx is not None else "")
                 devices.append(NvmlDevice(
-                    index=idx, mig_index=mig_idx, name=name, uuid=self._static.get(id(h), (None, None))[1],
+                    index=idx, mig_index=mig_idx, name=name, uuid=uuid,
                     parent_uuid=parent_uuid, mig_enabled=mig_on, total=None, used=None, free=None, reserved=None,
                     utilization=None, process_used=None, other_processes_used=None, pid_listed=False,
                     note=f"{where} cannot be read: {why}; it is left out of the figures",
                     gpu_instance_id=gi, compute_instance_id=ci, unattributed_used=None, readable=False))
-            return NvmlReading(devices=tuple(devices), driver_version=self._driver, notes=tuple(notes))
+            return NvmlReading(devices=tuple(devices), driver_version=self._driver)
 
     def _processes(self, pynvml: Any, h: Any, kind: str) -> Optional[tuple[str, list[tuple[int, Optional[int]]]]]:
         """(version, [(pid, bytes or None)]) for ``kind``, trying v3, v2 then v1 until one

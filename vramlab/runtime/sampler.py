@@ -125,9 +125,10 @@ class Sampler:
         """Add a timeline marker (cheap; works whether or not the thread runs)."""
         self.markers.append(Marker(time.time() if when is None else when, kind, label))
 
-    def sample_now(self) -> Any:
-        """Take one sample on the calling thread and return the Snapshot."""
-        snap = self._read()
+    def sample_now(self, read: Optional[Callable[[], Any]] = None) -> Any:
+        """Take one sample on the calling thread and return the Snapshot; ``read`` replaces
+        the sampler's reader for this one sample (a full reading, on the main thread)."""
+        snap = (read or self._read)()
         self.latest = snap
         self.samples.append(sample_from(snap))
         return snap
