@@ -73,6 +73,8 @@ _LAZY = {
     "GPU_PRESETS": ("sim.presets", "GPU_PRESETS"),
 }
 _SUBPACKAGES = ("sim", "lessons")
+#: lazy names that need torch: asking for one without torch is one line saying what to install
+_NEEDS_TORCH = {"VirtualGPU", "estimate", "pick_device"}
 
 
 def __getattr__(name: str) -> Any:
@@ -82,6 +84,10 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         mod, attr = _LAZY[name]
+        if name in _NEEDS_TORCH:
+            from ._extras import require_torch
+
+            require_torch(f"vramlab.{name}")
         value = getattr(importlib.import_module(f".{mod}", __name__), attr)
         globals()[name] = value
         return value

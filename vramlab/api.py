@@ -36,9 +36,11 @@ atexit.register(_close_all)
 
 
 def watch(interval: Optional[float] = None) -> Any:
-    """Start the shared sampler (``interval`` in seconds; default 0.5) and return a live monitor widget.
+    """Start the shared sampler (``interval`` in seconds; default 0.5) and return the live monitor widget.
 
-    Every monitor shares the kernel's one sampler thread.
+    A kernel has one sampler thread and one monitor: calling this again (re-running a
+    ``%vram watch`` cell, or watching in another cell) returns the same monitor, shown
+    once more, so however often it is called one renderer listens to the sampler.
     """
     from .display.widget import Monitor
 
@@ -48,14 +50,21 @@ def watch(interval: Optional[float] = None) -> Any:
     s.sample_now(snapshot)
     if interval is not None or not s.running:
         s.start(interval)
+    live = [m for m in _MONITORS if not m.closed and m.sampler is s]
+    if live:
+        m = live[0]
+        for extra in live[1:]:  # pragma: no cover - only if monitors were made directly
+            extra.close()
+        m.refresh()
+        return m
     m = Monitor(s)
     _MONITORS.add(m)
     return m
 
 
 def monitors() -> list[Any]:
-    """The live monitors of this kernel."""
-    return list(_MONITORS)
+    """The live (not closed) monitors of this kernel."""
+    return [m for m in _MONITORS if not m.closed]
 
 
 def stop() -> None:

@@ -11,3 +11,62 @@ def test_plot_returns_a_figure_with_cell_spans(recorded_history):
     ax = fig.axes[0]
     assert any("[7]" == t.get_text() for t in ax.texts)
     assert len(ax.patches) >= 3  # one shaded span per cell
+
+
+def test_the_figure_renders_itself_as_png(recorded_history):
+    png = plot_history(recorded_history)._repr_png_()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_without_matplotlib_one_line_says_what_to_install(recorded_history, monkeypatch):
+    import pytest
+
+    from vramlab._extras import MissingExtra
+
+    for name in [m for m in __import__("sys").modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(__import__("sys").modules, name)
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib now fails
+    monkeypatch.setattr("vramlab.display.plot._FIGURE_CLASS", None)
+    with pytest.raises(MissingExtra, match=r"pip install 'vramlab\[plot\]'") as e:
+        plot_history(recorded_history)
+    assert "\n" not in str(e.value) and e.value._render_traceback_() == [f"MissingExtra: {e.value}"]
+
+
+def _fresh_kernel_outputs(tmp_path, sources):
+    """Run ``sources`` as the cells of a new notebook in a fresh kernel (nbclient), save it, read it back."""
+    import os
+    from pathlib import Path
+
+    import nbclient
+    import nbformat
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND",) and not k.startswith("VRAMLAB_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env=env)
+    path = tmp_path / "fresh.ipynb"
+    nbformat.write(nb, str(path))
+    return nbformat.read(str(path), as_version=4)
+
+
+def test_plot_shows_a_png_in_a_fresh_kernel_and_the_saved_notebook_keeps_it(tmp_path):
+    """No cell imported matplotlib.pyplot, so IPython's inline backend is not active: the
+    timeline must still show as a picture, through %vram plot and vramlab.plot()."""
+    import base64
+
+    nb = _fresh_kernel_outputs(tmp_path, [
+        "%load_ext vramlab\n%vram auto on",
+        "x = bytearray(32 << 20)",
+        "import sys; print('matplotlib.pyplot' in sys.modules)",
+        "%vram plot",
+        "import vramlab\nvramlab.plot()",
+    ])
+    assert nb.cells[2].outputs[0]["text"].splitlines()[0] == "False"
+    for cell in nb.cells[3:]:
+        (out,) = [o for o in cell.outputs if o.output_type in ("execute_result", "display_data")]
+        assert "image/png" in out.data, list(out.data)
+        assert base64.b64decode(out.data["image/png"]).startswith(b"\x89PNG")
+        assert not any(o.output_type == "error" for o in cell.outputs)

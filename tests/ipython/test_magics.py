@@ -38,6 +38,13 @@ def test_show_subcommand_is_the_default(ip):
     ("bogus", "unknown subcommand 'bogus'"),
     ("--nope", "unrecognized arguments: --nope"),
     ("show extra", "takes no arguments"),
+    # an option of another subcommand is an error, never silently ignored
+    ("--json watch", "--json goes with %vram show, not %vram watch"),
+    ("--uss history", "--uss goes with %vram show"),
+    ("--last 3", "--last goes with %vram history, not %vram show"),
+    ("--samples history", "--samples goes with %vram export"),
+    ("--keep-peaks show", "--keep-peaks goes with %vram auto and %%vram"),
+    ("--interval 1 stop", "--interval goes with %vram watch, not %vram stop"),
 ])
 def test_bad_arguments_are_usage_errors_with_usage_line(ip, line, needle):
     ip.run_line_magic("load_ext", "vramlab")
@@ -202,7 +209,9 @@ def test_history_export_plot_free_last(ip, tmp_path):
     with pytest.raises(UsageError, match="one PATH"):
         ip.run_line_magic("vram", "export")
     fig = ip.run_line_magic("vram", "plot")
-    assert type(fig).__name__ == "Figure"
+    from matplotlib.figure import Figure
+
+    assert isinstance(fig, Figure) and fig._repr_png_().startswith(b"\x89PNG")
     with capture_output() as cap:
         ip.run_line_magic("vram", "free")
     assert "freed" in cap.stdout
@@ -226,3 +235,52 @@ def test_oom_in_a_cell_is_explained(ip):
     from vramlab.runtime.sampler import get_sampler
 
     assert get_sampler().markers[-1].kind == "oom"
+
+
+@pytest.mark.parametrize("line", ["--json", "--last 2", "--interval 1", "history"])
+def test_cell_magic_rejects_every_option_but_keep_peaks(ip, line):
+    ip.run_line_magic("load_ext", "vramlab")
+    ip.user_ns.pop("ran", None)
+    with pytest.raises(UsageError, match="%%vram takes only --keep-peaks"):
+        ip.run_cell_magic("vram", line, "ran = True")
+    assert "ran" not in ip.user_ns  # the cell did not run
+
+
+def test_options_that_apply_still_work(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "history --last 1")
+        ip.run_line_magic("vram", "auto on --keep-peaks")
+        ip.run_line_magic("vram", "auto off")
+    assert "peak counters kept" in cap.stdout
+
+
+def test_a_traceback_in_a_vram_cell_shows_the_cell_source(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        ip.run_cell("%%vram\nfirst_line = 1\nraise ValueError('from line two')\n")
+    text = cap.stdout + cap.stderr
+    assert "ValueError: from line two" in text
+    # the failing line of the cell is printed in the traceback, not a blank one
+    assert "raise ValueError('from line two')" in text, text
+    assert "<vram-cell>" not in text
+
+
+def test_rerunning_a_watch_cell_fifty_times_leaves_one_monitor_and_one_renderer(ip):
+    import vramlab
+    from vramlab.runtime.sampler import get_sampler
+
+    ip.run_line_magic("load_ext", "vramlab")
+    try:
+        for _ in range(50):
+            with capture_output():
+                ip.run_cell("%vram watch")
+        s = get_sampler()
+        assert len(vramlab.api.monitors()) == 1
+        assert len(s._listeners) == 1
+        assert s.running
+    finally:
+        vramlab.stop()
+        for m in vramlab.api.monitors():
+            m.close()
+    assert get_sampler()._listeners == []

@@ -166,3 +166,57 @@ def test_the_sampler_makes_no_cuda_runtime_call(monkeypatch):
     calls.clear()
     snapshot()
     assert "mem_get_info" in calls
+
+
+def test_restart_never_joins_under_the_lock_the_thread_needs():
+    """A listener that fails while start() restarts the thread: removing it takes the
+    sampler's lock, so start() must not hold that lock while it joins the old thread
+    (it would stall for the join's timeout, then leave two threads)."""
+    s = Sampler()
+    entered, release = threading.Event(), threading.Event()
+
+    def failing_listener(snap, sampler):
+        if snap is None:
+            return
+        entered.set()
+        release.wait(10)
+        raise RuntimeError("listener fails while the sampler restarts")
+
+    s.add_listener(failing_listener)
+    s.start(0.01)
+    try:
+        assert entered.wait(10)
+        old = s._thread
+        old_stop = s._stop
+        restarted = threading.Thread(target=s.start, args=(0.02,))
+        restarted.start()
+        assert wait_for(old_stop.is_set)  # start() has told the old thread to stop and now joins it
+        # while start() waits for the old thread, the lock that thread needs is free
+        got = s._lock.acquire(timeout=2)
+        if got:
+            s._lock.release()
+        assert got, "start() holds the sampler's lock while it joins the thread"
+        release.set()  # the listener raises; its removal needs the lock
+        restarted.join(10)
+        assert not restarted.is_alive()
+        assert not old.is_alive(), "start() returned before the old thread ended"
+        assert len(sampler_threads()) == 1 and s.running and s.interval == 0.02
+        assert failing_listener not in s._listeners and "listener fails" in s.last_error
+    finally:
+        release.set()
+        s.stop()
+    assert sampler_threads() == []
+
+
+def test_a_restart_does_not_tell_monitors_the_sampler_stopped():
+    s = Sampler()
+    ended = []
+    s.add_listener(lambda snap, sampler: ended.append(True) if snap is None else None)
+    s.start(0.01)
+    try:
+        for _ in range(5):
+            s.start(0.01)
+        assert ended == []
+    finally:
+        s.stop()
+    assert wait_for(lambda: ended == [True])

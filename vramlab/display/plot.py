@@ -1,4 +1,11 @@
-"""A matplotlib timeline of the history: device and host memory, cell spans, OOMs."""
+"""A matplotlib timeline of the history: device and host memory, cell spans, OOMs.
+
+The figure is a plain ``matplotlib.figure.Figure`` (no pyplot state) that also renders
+itself as PNG (``_repr_png_``), so it shows as a picture in any kernel, and a saved
+notebook keeps it, whether or not the inline backend was ever activated. Without
+matplotlib, :func:`plot_history` raises :class:`~vramlab._extras.MissingExtra`, one line
+saying what to install.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,31 @@ from typing import Any, Optional
 
 from ..model import History
 
-__all__ = ["plot_history"]
+__all__ = ["plot_history", "PNG_DPI"]
+
+PNG_DPI = 100  # dots per inch of the PNG a notebook shows
+
+_FIGURE_CLASS: Any = None
+
+
+def _figure_class() -> Any:
+    """``Figure`` with a PNG repr (made once, at first use, so that importing this module needs no matplotlib)."""
+    global _FIGURE_CLASS
+    if _FIGURE_CLASS is None:
+        from matplotlib.figure import Figure
+
+        class TimelineFigure(Figure):
+            """The timeline: a ``Figure`` that IPython shows as PNG in any kernel."""
+
+            def _repr_png_(self) -> bytes:
+                import io
+
+                buf = io.BytesIO()
+                self.savefig(buf, format="png", dpi=PNG_DPI)
+                return buf.getvalue()
+
+        _FIGURE_CLASS = TimelineFigure
+    return _FIGURE_CLASS
 
 
 def plot_history(h: History, *, last_s: Optional[float] = None) -> Any:
@@ -15,10 +46,12 @@ def plot_history(h: History, *, last_s: Optional[float] = None) -> Any:
     Lines: per device torch allocated, torch reserved and used (NVML or virtual), and
     the host's RSS, in GiB against seconds. Each recorded cell is a shaded span labelled
     by its execution count; OOM markers are red lines. Uses the object API (no pyplot
-    state), so it works in any backend.
+    state), so it works in any backend, and shows as PNG in any kernel.
     """
-    from matplotlib.figure import Figure
+    from .._extras import require_matplotlib
 
+    require_matplotlib("the memory timeline (%vram plot, vramlab.plot())")
+    Figure = _figure_class()
     samples = list(h.samples)
     cells = list(h.cells)
     t_end = max([s.time for s in samples] + [c.started + c.wall_s for c in cells] + [0.0])

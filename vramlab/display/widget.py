@@ -216,6 +216,7 @@ class Monitor(widgets.VBox):
         self._display_id: Optional[str] = None  # set when displayed in a kernel (see module docs)
         self._shown = "live"  # what the outputs of this monitor show: "live" or "static"
         self.updates = 0  # renders pushed (for tests and benchmarks)
+        self._closed = False
         self._latest: Any = sampler.latest
         sampler.add_listener(self._on_sample)
         if sampler.latest is not None:
@@ -280,8 +281,19 @@ class Monitor(widgets.VBox):
         return False
 
     # -- lifecycle
+    @property
+    def sampler(self) -> Any:
+        """The sampler this monitor listens to."""
+        return self._sampler
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the widget's comm is gone)."""
+        return self._closed
+
     def close(self) -> None:
         """Stop listening to the sampler and close the widget."""
+        self._closed = True
         self._sampler.remove_listener(self._on_sample)
         for child in (self._status, self._bars, self._spark):
             child.close()

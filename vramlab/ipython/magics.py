@@ -56,6 +56,16 @@ SUBCOMMANDS: dict[str, str] = {
 
 _NO_ARGS = ("show", "watch", "stop", "history", "plot", "free", "last")
 
+#: option (argparse dest) -> (its flag, the subcommands it applies to); ``%%vram`` takes only --keep-peaks
+_OPTION_SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "json": ("--json", ("show",)),
+    "uss": ("--uss", ("show",)),
+    "interval": ("--interval", ("watch",)),
+    "keep_peaks": ("--keep-peaks", ("auto",)),
+    "samples": ("--samples", ("export",)),
+    "last": ("--last", ("history",)),
+}
+
 
 @magics_class
 class VramMagics(Magics):
@@ -76,22 +86,27 @@ class VramMagics(Magics):
     @argument("--keep-peaks", action="store_true",
               help="%%%%vram and auto: do not reset the global peak counters")
     @argument("--samples", action="store_true", help="export: write the samples table instead of the cells (CSV)")
-    @argument("--last", type=int, default=20, metavar="N", help="history: how many cells (default 20)")
+    @argument("--last", type=int, default=None, metavar="N", help="history: how many cells (default 20)")
     @line_cell_magic
     def vram(self, line: str = "", cell: Optional[str] = None) -> Any:
         """GPU memory (NVML and the torch allocator), host RAM and swap, reconciled; live and per cell."""
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a %%vram cell's traceback
         args = self._parse(line)
         if cell is not None:
-            if args.command is not None:
-                raise UsageError(f"%%vram takes only --keep-peaks, got {args.command!r}\n{self._usage()}")
+            stray = [flag for dest, (flag, _) in _OPTION_SCOPE.items() if dest != "keep_peaks" and _given(args, dest)]
+            if args.command is not None or args.rest or stray:
+                got = " ".join([*stray, *([args.command] if args.command else []), *args.rest])
+                raise UsageError(f"%%vram takes only --keep-peaks, got {got!r}\n{self._usage()}")
             return self._cell(cell, keep_peaks=args.keep_peaks)
         command = args.command or "show"
         if command not in SUBCOMMANDS:
             raise UsageError(f"unknown subcommand {command!r}; choose one of: {', '.join(SUBCOMMANDS)}\n{self._usage()}")
         if command in _NO_ARGS and args.rest:
             raise UsageError(f"%vram {command} takes no arguments, got {' '.join(args.rest)!r}\n{self._usage()}")
-        if args.interval is not None and command != "watch":
-            raise UsageError(f"--interval goes with watch\n{self._usage()}")
+        for dest, (flag, scope) in _OPTION_SCOPE.items():
+            if _given(args, dest) and command not in scope:
+                where = " and ".join(f"%vram {c}" for c in scope) + (" and %%vram" if dest == "keep_peaks" else "")
+                raise UsageError(f"{flag} goes with {where}, not %vram {command}\n{self._usage()}")
         return getattr(self, f"_cmd_{command}")(args)
 
     # -- subcommands
@@ -137,7 +152,7 @@ class VramMagics(Magics):
     def _cmd_history(self, args: Any) -> None:
         from ..runtime.history import history
 
-        print(history().text(last=max(args.last, 1)))
+        print(history().text(last=max(20 if args.last is None else args.last, 1)))
 
     def _cmd_export(self, args: Any) -> None:
         from ..runtime.history import history
@@ -153,8 +168,12 @@ class VramMagics(Magics):
 
     def _cmd_plot(self, args: Any) -> Any:
         from .. import api
+        from .._extras import MissingExtra
 
-        return api.plot()
+        try:
+            return api.plot()
+        except MissingExtra as e:
+            raise UsageError(str(e)) from None
 
     def _cmd_free(self, args: Any) -> None:
         from ..runtime.oom import free_last_error
@@ -175,6 +194,7 @@ class VramMagics(Magics):
     def _cell(self, cell: str, keep_peaks: bool) -> Any:
         from ..runtime.records import get_recorder
 
+        __tracebackhide__ = True  # noqa: F841
         rec = get_recorder()
         self._events.in_cell_magic = True
         token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks)
@@ -203,14 +223,33 @@ class VramMagics(Magics):
         return "usage: " + " ".join(text.split()).removeprefix("usage: ")
 
 
+def _cache_source(shell: Any, code: str, raw: str) -> str:
+    """Register the cell's source as IPython does for an ordinary cell; return its filename."""
+    cache = getattr(shell.compile, "cache", None)
+    if cache is None:  # pragma: no cover - a shell without IPython's CachingCompiler
+        return "<vram-cell>"
+    try:
+        return cache(code, shell.execution_count, raw_code=raw)
+    except TypeError:  # pragma: no cover - an IPython without raw_code
+        return cache(code, shell.execution_count)
+
+
+def _given(args: Any, dest: str) -> bool:
+    """Whether the option ``dest`` was on the line (flags default to False, values to None)."""
+    value = getattr(args, dest)
+    return value is not None and value is not False
+
+
 def _run_code(shell: Any, cell: str) -> Any:
     """Run a cell's code in the user namespace; return the last expression's value (like %%time)."""
+    __tracebackhide__ = True  # noqa: F841
     code = shell.transform_cell(cell)
     tree = shell.compile.ast_parse(code)
     last: Optional[ast.Expression] = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    name = "<vram-cell>"
+    # registered in linecache under a name of IPython's own, so tracebacks show the cell's lines
+    name = _cache_source(shell, code, cell)
     exec(shell.compile(tree, name, "exec"), shell.user_ns)
     if last is not None:
         return eval(shell.compile(last, name, "eval"), shell.user_ns)

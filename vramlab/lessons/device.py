@@ -58,8 +58,9 @@ class LessonDevice:
     """The device a lesson runs on: a CUDA GPU, or a virtual GPU on the CPU (see module docs)."""
 
     def __init__(self, virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True) -> None:
-        import torch
+        from .._extras import require_torch
 
+        torch = require_torch("pick_device()")
         self._torch = torch
         use_cuda = torch.cuda.is_available() and not force_virtual and os.environ.get("VRAMLAB_DEVICE") != "virtual"
         self.virtual: Any = None

@@ -83,31 +83,39 @@ class Sampler:
         return t is not None and t.is_alive()
 
     def start(self, interval: Optional[float] = None) -> None:
-        """Start sampling (idempotent); ``interval`` in seconds changes the rate."""
+        """Start sampling (idempotent); ``interval`` in seconds changes the rate.
+
+        A running thread is told to stop and joined *outside* the lock (the thread takes
+        the lock to drop a failing listener), then one new thread starts.
+        """
         with self._lock:
             if interval is not None:
                 if not (interval == interval) or interval < MIN_INTERVAL or interval == float("inf"):
                     raise ValueError(f"the interval must be at least {MIN_INTERVAL} s, got {interval!r}")
                 self.interval = float(interval)
-            if self.running:
-                self._stop.set()  # wake it so the new interval applies now
-                self._thread.join(timeout=5)  # type: ignore[union-attr]
-            self._stop = threading.Event()
+            old = self._thread if self.running else None
+            self._stop.set()  # wake the old thread so the new interval applies now
+            stop = threading.Event()
+            self._stop = stop
             self.stopped_reason = None
-            t = threading.Thread(target=self._run, args=(self._stop,), name="vramlab-sampler", daemon=True)
+            t = threading.Thread(target=self._run, args=(stop,), name="vramlab-sampler", daemon=True)
             self._thread = t
-            t.start()
+        if old is not None and old is not threading.current_thread():
+            old.join(timeout=5)
+        with self._lock:
+            if self._thread is t and not stop.is_set():  # not stopped or restarted meanwhile
+                t.start()
 
     def stop(self, reason: str = "stopped") -> None:
-        """Stop sampling and wait for the thread to end (idempotent)."""
+        """Stop sampling and wait for the thread to end (idempotent); the join is outside the lock."""
         with self._lock:
             t = self._thread
             self._stop.set()
-            if t is not None and t is not threading.current_thread():
-                t.join(timeout=5)
             self._thread = None
             if self.stopped_reason is None:
                 self.stopped_reason = reason
+        if t is not None and t is not threading.current_thread() and t.is_alive():
+            t.join(timeout=5)
 
     def add_listener(self, fn: Callable[[Any, "Sampler"], None]) -> None:
         """Call ``fn(snapshot, sampler)`` on the sampler thread after each sample."""
@@ -170,11 +178,16 @@ class Sampler:
                 pass
         finally:
             self.cpu_seconds = time.thread_time() - c0
-            for fn in list(self._listeners):
-                try:
-                    fn(None, self)  # tell monitors the sampler ended
-                except Exception:
-                    pass
+            with self._lock:  # never held while a thread is joined, so this cannot stall
+                if self._thread is threading.current_thread():  # ended by a failure, not by start/stop
+                    self._thread = None
+                ended = self._thread is None
+            if ended:  # not restarted (a new thread goes on then): tell monitors the sampler ended
+                for fn in list(self._listeners):
+                    try:
+                        fn(None, self)
+                    except Exception:
+                        pass
 
 
 _SAMPLER: Optional[Sampler] = None

@@ -9,7 +9,9 @@
   peak and its breakdown without real memory, and whether it fits a preset.
 - :mod:`vramlab.sim.batch_finder`: :func:`find_max_batch_size`, the exact largest batch that fits.
 
-Everything here but the presets needs torch; importing this package does not import it.
+Everything here but the presets and the batch finder needs torch (``pip install 'vramlab[sim]'``);
+importing this package does not import it, and asking for a name that needs it without torch
+raises :class:`~vramlab._extras.MissingExtra`, one line saying what to install.
 The core of vramlab never imports this package: the virtual GPU joins :func:`vramlab.snapshot`
 by registering itself as a device provider while it is active. All sizes are in bytes.
 """
@@ -48,11 +50,18 @@ _LAZY = {
 }
 
 
+_NEEDS_TORCH = {"Ledger", "VirtualGPU", "estimate", "measure", "Estimate"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
         mod, attr = _LAZY[name]
+        if name in _NEEDS_TORCH:
+            from .._extras import require_torch
+
+            require_torch(f"vramlab.sim.{name}")
         value = getattr(importlib.import_module(f".{mod}", __name__), attr)
         globals()[name] = value
         return value

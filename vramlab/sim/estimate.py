@@ -29,7 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-import torch
+from .._extras import require_torch
+
+require_torch("estimate()")  # one line saying what to install, not a bare ModuleNotFoundError
+
+import torch  # noqa: E402
 from torch import nn
 
 from ..units import format_bytes, parse_size

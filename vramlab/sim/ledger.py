@@ -22,7 +22,11 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-import torch
+from .._extras import require_torch
+
+require_torch("vramlab's simulator")  # one line saying what to install, not a bare ModuleNotFoundError
+
+import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 

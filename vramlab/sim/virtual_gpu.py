@@ -19,7 +19,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
-import torch
+from .._extras import require_torch
+
+require_torch("VirtualGPU")  # one line saying what to install, not a bare ModuleNotFoundError
+
+import torch  # noqa: E402
 
 from ..model import DeviceSnapshot
 from ..reconcile import device_layers, register_device_provider, unregister_device_provider

@@ -1,0 +1,40 @@
+"""What a reader without a kernel sees: the committed notebooks, converted to HTML by nbconvert
+(as GitHub, nbviewer and an offline HTML export show them)."""
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WATCHING = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb")
+                  if any("%vram watch" in "".join(c["source"]) for c in json.loads(p.read_text())["cells"]
+                         if c["cell_type"] == "code"))
+FIGURE = re.compile(r"\d+(\.\d+)? (B|KiB|MiB|GiB)\b")
+
+
+def test_some_committed_notebook_shows_a_monitor():
+    assert WATCHING, "no committed notebook has a %vram watch cell"
+
+
+@pytest.mark.parametrize("path", WATCHING, ids=lambda p: p.name)
+def test_the_monitor_of_a_committed_notebook_appears_as_text_in_its_html(path):
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(path), as_version=4)
+    watch_cells = [c for c in nb.cells if c.cell_type == "code" and "%vram watch" in c.source]
+    for cell in watch_cells:
+        (out,) = [o for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+        # no widget view: nbconvert would draw the widget from the saved state, which needs its scripts
+        assert "application/vnd.jupyter.widget-view+json" not in out.data, list(out.data)
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    blocks = re.findall(r'<div class="vramlab-monitor-static".*?</svg></div>', body, flags=re.S)
+    assert len(blocks) == len(watch_cells), len(blocks)
+    for block in blocks:
+        text = html.unescape(re.sub(r"<[^>]+>", " ", block))
+        assert "host RAM" in text and "this process" in text, text[:500]
+        assert len(FIGURE.findall(text)) >= 3, text[:500]
+        assert "stopped" in text and "last reading" in text
