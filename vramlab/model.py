@@ -93,7 +93,9 @@ class HostReading:
         used: ``total - MemAvailable``, system-wide.
         limit: the effective limit (cgroup limit when lower than RAM, else RAM).
         limit_source: where ``limit`` comes from.
-        cgroup_usage: the cgroup's current charge, when a cgroup limit applies.
+        cgroup_usage: when a cgroup limit applies, the working set of the cgroup that sets
+            it (its charge, siblings included, minus the inactive page cache the kernel
+            reclaims before an OOM kill; kubelet's figure), else ``None``.
         process_rss: this process's resident set size.
         process_peak: this process's peak RSS (``VmHWM``; resettable on Linux).
         process_uss: unique set size (private pages), only when asked for (it is costly).

@@ -130,6 +130,69 @@ def test_real_cgroup_limit_is_the_effective_limit(tmp_path):
                 time.sleep(0.1)
 
 
+def _rmdir_retry(d):
+    import time
+
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+@pytest.mark.skipif(_cgroup_v1_writable() is None, reason="needs root and a writable cgroup v1 memory hierarchy")
+def test_real_ancestor_limit_counts_a_sibling_but_not_its_inactive_page_cache(tmp_path):
+    """A real parent cgroup with a limit and two children: this reader, and a sibling that
+    holds 300 MiB and wrote a 200 MiB file. The usage set against the limit is the parent's
+    working set: the sibling's 300 MiB are in it, its reclaimable page cache is not."""
+    import signal
+    import time
+
+    parent = _cgroup_v1_writable() / f"vramlab_test_anc_{os.getpid()}"
+    kernel, sibling = parent / "kernel", parent / "sibling"
+    parent.mkdir()
+    sib = None
+    try:
+        (parent / "memory.limit_in_bytes").write_text(str(3 << 30))
+        kernel.mkdir()
+        sibling.mkdir()
+        ready = tmp_path / "ready"
+        big = tmp_path / "big"
+        hold = (f"x = bytearray(300 << 20); x[::4096] = b'1' * len(x[::4096]); "
+                f"open({str(big)!r}, 'wb').write(bytes(200 << 20)); open({str(ready)!r}, 'w').close(); "
+                "import time; time.sleep(120)")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMLAB_")}
+        dfl = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+        sib = subprocess.Popen(["sh", "-c", f'echo $$ > "{sibling}/cgroup.procs" && exec "{sys.executable}" -c "$0"', hold],
+                               env=env, preexec_fn=dfl)
+        for _ in range(600):
+            if ready.exists():
+                break
+            time.sleep(0.1)
+        assert ready.exists()
+        code = ("from vramlab.probes.host import read_host; r = read_host(); "
+                "print(r.limit, r.cgroup_usage, r.available, r.process_rss)")
+        out = subprocess.run(["sh", "-c", f'echo $$ > "{kernel}/cgroup.procs" && exec "{sys.executable}" -c "{code}"'],
+                             capture_output=True, text=True, timeout=60, check=True, env=env, preexec_fn=dfl)
+        limit, usage, available, rss = map(int, out.stdout.split())
+        charge = int((parent / "memory.usage_in_bytes").read_text())
+        stat = dict(line.split() for line in (parent / "memory.stat").read_text().splitlines())
+        inactive = int(stat["total_inactive_file"])
+        assert limit == 3 << 30
+        assert usage >= rss + (300 << 20)  # the sibling's anonymous memory counts against the limit
+        if inactive > (100 << 20):  # the kernel kept the sibling's file on the inactive list
+            assert usage < charge - (100 << 20) + (64 << 20)  # ... and its cache does not count
+        assert available <= limit - usage
+    finally:
+        if sib is not None:
+            sib.kill()
+            sib.wait()
+        for d in (kernel, sibling, parent):
+            if d.exists():
+                _rmdir_retry(d)
+
+
 def test_falls_back_to_psutil(monkeypatch):
     monkeypatch.setattr(host, "_LINUX", False)
     r = read_host()

@@ -5,6 +5,14 @@ v2 ``memory.max`` or v1 ``memory.limit_in_bytes`` of this process's cgroup
 (the smallest along its ancestors). On Binder or in a container it is the
 number that matters. All sizes are in bytes.
 
+The usage set against that limit is the usage of the cgroup **that sets the limit**: when
+an ancestor sets it (a JupyterHub user's systemd slice, a Kubernetes pod around its
+containers), everything charged below that ancestor counts, siblings included. And it is
+the **working set**, as kubelet computes it for its eviction and OOM decisions: the charge
+(``memory.current``, v1 ``memory.usage_in_bytes``) minus the inactive page cache
+(``inactive_file`` in ``memory.stat``; v1 ``total_inactive_file``, which is hierarchical),
+since the kernel reclaims that cache before it kills anything.
+
 :func:`find_cgroup_limit` is a pure parser over the texts of ``/proc/self/cgroup``
 and ``/proc/self/mountinfo`` and a file reader, so the tests run it on copies of
 real files; :data:`CGROUP` applies it to this process once and re-reads the limit
@@ -19,7 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-__all__ = ["CgroupLimit", "parse_cgroup_limit", "find_cgroup_limit", "CGROUP", "CGROUP_LIMIT_TTL", "os_read"]
+__all__ = ["CgroupLimit", "parse_cgroup_limit", "parse_inactive_file", "working_set", "find_cgroup_limit",
+           "CgroupFiles", "CGROUP", "CGROUP_LIMIT_TTL", "os_read"]
 
 _LINUX = sys.platform.startswith("linux")
 
@@ -34,11 +43,15 @@ class CgroupLimit:
     Attributes:
         limit: the smallest limit along the process's cgroup and its ancestors, in bytes,
             or ``None`` when no level sets one.
-        usage: the cgroup's current charge (``memory.current`` / ``memory.usage_in_bytes``)
-            in bytes, or ``None`` when unreadable.
+        usage: the charge (``memory.current`` / ``memory.usage_in_bytes``) of the cgroup that
+            sets the limit (this process's own cgroup when none does), in bytes, or ``None``
+            when unreadable.
         source: where the limit came from, e.g. ``"cgroup v2 memory.max (/user.slice)"``.
         version: 1 or 2.
         usage_file: the path of the usage file read for ``usage``.
+        inactive_file: that cgroup's inactive page cache (``memory.stat``), in bytes, or
+            ``None`` when unreadable.
+        stat_file: the path of that ``memory.stat``.
     """
 
     limit: Optional[int]
@@ -46,6 +59,14 @@ class CgroupLimit:
     source: str
     version: int
     usage_file: Optional[str] = None
+    inactive_file: Optional[int] = None
+    stat_file: Optional[str] = None
+
+    @property
+    def working_set(self) -> Optional[int]:
+        """``usage - inactive_file`` (kubelet's working set), in bytes; ``usage`` when the
+        stat is unreadable, ``None`` when the usage is."""
+        return working_set(self.usage, self.inactive_file)
 
 
 # --------------------------------------------------------------------------- cgroups
@@ -71,6 +92,35 @@ def parse_cgroup_limit(text: str, version: int) -> Optional[int]:
     if value < 0 or (version == 1 and value >= _V1_UNLIMITED):
         return None
     return value
+
+
+def parse_inactive_file(text: str | bytes, version: int) -> Optional[int]:
+    """The inactive page cache in a ``memory.stat``, in bytes, or ``None`` when absent.
+
+    v2: ``inactive_file`` (a cgroup's stat counts its descendants). v1:
+    ``total_inactive_file`` (the hierarchical count), else ``inactive_file``.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            fields[key] = int(value)
+    keys = ("inactive_file",) if version == 2 else ("total_inactive_file", "inactive_file")
+    for k in keys:
+        if k in fields:
+            return fields[k]
+    return None
+
+
+def working_set(usage: Optional[int], inactive_file: Optional[int]) -> Optional[int]:
+    """``usage - inactive_file``, never below 0, in bytes (kubelet's working set)."""
+    if usage is None:
+        return None
+    if inactive_file is None:
+        return usage
+    return max(usage - inactive_file, 0)
 
 
 def _parse_mountinfo(mountinfo: str) -> list[tuple[str, str, str, str]]:
@@ -167,7 +217,9 @@ def find_cgroup_limit(
                 continue
             if value is not None and (best is None or value < best):
                 best, best_dir = value, d
-        usage_path = os.path.join(chain[0], usage_file)
+        # the usage that the limit is set against: the limiting cgroup's (siblings included)
+        usage_dir = best_dir if best is not None else chain[0]
+        usage_path = os.path.join(usage_dir, usage_file)
         usage_text = read(usage_path)
         usage = None
         if usage_text is not None:
@@ -175,9 +227,13 @@ def find_cgroup_limit(
                 usage = int(usage_text.strip())
             except ValueError:
                 usage = None
+        stat_path = os.path.join(usage_dir, "memory.stat")
+        stat_text = read(stat_path)
+        inactive = parse_inactive_file(stat_text, version) if stat_text is not None else None
         source = f"cgroup v{version} {limit_file} ({_cg_rel(best_dir, chain[-1])})"
         return CgroupLimit(limit=best, usage=usage, source=source, version=version,
-                           usage_file=usage_path if usage_text is not None else None)
+                           usage_file=usage_path if usage_text is not None else None,
+                           inactive_file=inactive, stat_file=stat_path if inactive is not None else None)
     return None
 
 
@@ -194,14 +250,24 @@ def _read_text(path: str) -> Optional[str]:
         return None
 
 
-class _CgroupFiles:
+class CgroupFiles:
     """This process's cgroup, found once per process; its limit is read with
     :func:`find_cgroup_limit` (the parser the tests check on copies of real files)."""
 
-    def __init__(self) -> None:
-        self.resolved = False
+    def __init__(self, texts: Optional[tuple[str, str]] = None,
+                 read_text: Optional[Callable[[str], Optional[str]]] = None,
+                 read_bytes: Optional[Callable[[str], Optional[bytes]]] = None,
+                 exists: Optional[Callable[[str], bool]] = None) -> None:
+        # texts: (/proc/self/cgroup, /proc/self/mountinfo); the readers default to the real files
+        # (the tests give copies of real files instead)
+        self.resolved = texts is not None
+        self._read_text = read_text or _read_text
+        self._read_bytes = read_bytes or os_read
+        self._exists = exists or os.path.isdir
         self.usage_file: Optional[str] = None
-        self._texts: Optional[tuple[str, str]] = None
+        self.stat_file: Optional[str] = None
+        self.version = 2
+        self._texts: Optional[tuple[str, str]] = texts
         self._limit: tuple[Optional[int], str] = (None, "")
         self._limit_time = -float("inf")
 
@@ -214,15 +280,14 @@ class _CgroupFiles:
         if not cg or not mi:
             return
         self._texts = (cg, mi)
-        found = find_cgroup_limit(cg, mi, _read_text)
-        self.usage_file = found.usage_file if found is not None else None
 
     def read(self) -> tuple[Optional[int], Optional[int], str]:
-        """Return (limit, usage, source) in bytes; limit ``None`` when unlimited.
+        """Return (limit, working set, source) in bytes; limit ``None`` when unlimited.
 
+        The working set is that of the cgroup that sets the limit (see the module docs).
         The limit files are re-read at most every :data:`CGROUP_LIMIT_TTL` seconds
-        (limits are set by the container runtime and change rarely); the usage
-        file is read on every call when a limit applies.
+        (limits are set by the container runtime and change rarely); the usage and
+        ``memory.stat`` are read on every call when a limit applies.
         """
         if not self.resolved:
             self.resolve()
@@ -233,24 +298,30 @@ class _CgroupFiles:
         best, source = self._limit
         usage = None
         if best is not None and self.usage_file:
-            raw = os_read(self.usage_file)
+            raw = self._read_bytes(self.usage_file)
             if raw is not None:
                 try:
                     usage = int(raw)
                 except ValueError:
                     usage = None
+            inactive = None
+            if usage is not None and self.stat_file:
+                stat = self._read_bytes(self.stat_file)
+                inactive = parse_inactive_file(stat, self.version) if stat is not None else None
+            usage = working_set(usage, inactive)
         return best, usage, source
 
     def _read_limit(self) -> tuple[Optional[int], str]:
         if self._texts is None:
             return None, ""
-        found = find_cgroup_limit(*self._texts, _read_text)
+        found = find_cgroup_limit(*self._texts, self._read_text, self._exists)
         if found is None or found.limit is None:
+            self.usage_file = self.stat_file = None
             return None, ""
+        self.usage_file, self.stat_file, self.version = found.usage_file, found.stat_file, found.version
         return found.limit, found.source
 
 
-CGROUP = _CgroupFiles()
 
 #: Seconds between re-reads of the cgroup limit files (the usage is read every time).
 CGROUP_LIMIT_TTL = 2.0
@@ -268,3 +339,7 @@ def os_read(path: str, size: int = 65536) -> Optional[bytes]:
         return None
     finally:
         os.close(fd)
+
+
+#: This process's cgroup (read by :func:`vramlab.probes.host.read_host`).
+CGROUP = CgroupFiles()
