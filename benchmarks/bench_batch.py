@@ -1,6 +1,6 @@
 """Batch-size finders side by side on steps whose memory is known in closed form.
 
-    python benchmarks/bench_batch.py
+    python benchmarks/bench_batch.py [--write-doc]
 
 Each step holds ``fixed`` MiB plus ``per`` MiB per sample at once, on a virtual GPU of
 ``capacity`` MiB, so the true largest batch is ``(capacity - fixed) // per``. Contenders:
@@ -150,4 +150,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _doc import recording, write_flag
+
+    with recording("bench_batch", write_flag()):  # --write-doc: the output goes into docs/benchmarks.md
+        main()

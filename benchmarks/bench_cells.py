@@ -1,7 +1,7 @@
 """Per-cell cost of memory tracking, and CPU burned during an idle cell, side by side.
 
     pip install --no-deps ipython_memory_usage memory_profiler ipyexperiments   # the tools compared
-    python benchmarks/bench_cells.py [--cells N]
+    python benchmarks/bench_cells.py [--cells N] [--write-doc]
 
 Each contender runs in a fresh interpreter with a real IPython shell, so one tool's hooks
 never touch another's:
@@ -104,6 +104,18 @@ def main() -> None:
         print(f"{name:<28}{r['per_cell_s'] * 1000:>10.3f}{added:>10.3f}{r['per_cell_s'] / base['per_cell_s']:>9.2f}"
               f"{r['sleep_cpu_s']:>16.3f} s")
     print()
+    from importlib.metadata import PackageNotFoundError, version
+
+    peers = []
+    for dist in ("ipython_memory_usage", "ipyexperiments"):
+        try:
+            peers.append(f"{dist} {version(dist)} (the real one)")
+        except PackageNotFoundError:
+            peers.append(f"{dist} not installed (pip install 'vramlab[bench]')")
+    print("peers: " + "; ".join(peers))
+    print()
+    print(f"sampler: {args.sampler_seconds:g} s per row; no frontend (a plain interpreter: the monitor renders "
+          "its values, but no browser receives them)")
     print(f"{'vramlab sampler':<28}{'interval':>10}{'CPU s':>9}{'wall s':>9}{'% of a core':>13}")
     for interval in (0.5, 0.1):
         for mon in (False, True):
@@ -116,4 +128,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _doc import recording, write_flag
+
+    with recording("bench_cells", write_flag()):  # --write-doc: the output goes into docs/benchmarks.md
+        main()

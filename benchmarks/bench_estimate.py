@@ -1,6 +1,6 @@
 """estimate(): time for a 0.8B-parameter transformer, and accuracy against measured peaks.
 
-    python benchmarks/bench_estimate.py [--skip-large]
+    python benchmarks/bench_estimate.py [--skip-large] [--write-doc]
 
 1. Time to estimate a training step (AdamW, two steps: the first creates the optimizer
    state) of the 0.8B GPT in ``vramlab.lessons.models`` on an A100-80GB preset, in float32 and
@@ -98,4 +98,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _doc import recording, write_flag
+
+    with recording("bench_estimate", write_flag()):  # --write-doc: the output goes into docs/benchmarks.md
+        main()

@@ -1,6 +1,6 @@
 """Accounting overhead of the VirtualGPU on a small CNN training step, beside MemTracker's.
 
-    python benchmarks/bench_virtual.py [--rounds N] [--inner N] [--batch B]
+    python benchmarks/bench_virtual.py [--rounds N] [--inner N] [--batch B] [--write-doc]
 
 Three contenders run interleaved in one process, round after round, so machine noise hits
 them alike: the bare step, the step inside a ``VirtualGPU`` (dispatch mode, weakref
@@ -103,4 +103,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _doc import recording, write_flag
+
+    with recording("bench_virtual", write_flag()):  # --write-doc: the output goes into docs/benchmarks.md
+        main()

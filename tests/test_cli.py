@@ -59,6 +59,23 @@ def test_watch_refreshes_until_ctrl_c_and_exits_zero():
     assert t[1] > t[0]
 
 
+def test_watch_stops_cleanly_on_sigterm_even_with_sigint_ignored():
+    # a watch in the background of a non-interactive shell: SIGINT ignored, SIGTERM is how it stops
+    p = subprocess.Popen([sys.executable, "-m", "vramlab", "--watch", "0.2", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        first = p.stdout.readline()
+        assert json.loads(first)["time"] > 0
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "Traceback" not in err
+
+
 def test_console_script_entry_point():
     from vramlab.cli import main
 

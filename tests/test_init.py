@@ -50,3 +50,31 @@ def test_an_unknown_name_is_an_attribute_error():
         assert "'lab'" in str(e)
     else:  # pragma: no cover
         raise AssertionError("vramlab.lab should not exist")
+
+
+def test_every_dotted_vramlab_name_in_the_docs_and_docstrings_exists():
+    """Docs and docstrings name modules and objects that exist (not ``vramlab.snapshot.Snapshot``)."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [*root.joinpath("vramlab").rglob("*.py"), *root.joinpath("docs").rglob("*.md"), root / "README.md",
+             *root.joinpath("tools", "notebooks").glob("*.py"), *root.joinpath("benchmarks").glob("*.py")]
+    missing = []
+    for path in files:
+        # "<vramlab.X ...>" is a repr's label, not a reference
+        for m in re.finditer(r"(?<![\w/.<])(vramlab(?:\.[A-Za-z_]\w*)+)", path.read_text(encoding="utf-8")):
+            parts = m.group(1).split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                    break
+                except ImportError:
+                    continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(f"{path.relative_to(root)}: {m.group(1)}")
+    assert not missing, "\n".join(sorted(set(missing)))

@@ -2,13 +2,18 @@
 
     python -m vramlab              # the text table
     python -m vramlab --json       # the dict, as JSON
-    python -m vramlab --watch 1    # refresh every second until Ctrl-C
+    python -m vramlab --watch 1    # refresh every second until Ctrl-C (or SIGTERM)
+
+``--watch`` stops cleanly, with exit status 0, on Ctrl-C (SIGINT) and on SIGTERM: SIGTERM
+is what ``timeout``, ``kill``, ``docker stop`` and systemd send, and the only way to stop
+a watch started in the background of a non-interactive shell, where SIGINT is ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from typing import Optional, Sequence
@@ -35,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vramlab",
                                 description="GPU memory (NVML and the torch allocator), host RAM and swap, reconciled.")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    p.add_argument("--watch", type=_positive_float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
+    p.add_argument("--watch", type=_positive_float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C or SIGTERM")
     p.add_argument("--uss", action="store_true", help="also read this process's USS (slower)")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     return p
@@ -52,10 +57,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.version:
         print(__version__)
         return 0
-    try:
-        if args.watch is None:
+    if args.watch is None:
+        try:
             print(_render(args.json, args.uss))
-            return 0
+        except BrokenPipeError:
+            pass
+        return 0
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
         tty = sys.stdout.isatty() and not args.json
         while True:
             out = _render(args.json, args.uss)
@@ -65,9 +74,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 sys.stdout.write(out + "\n")
             sys.stdout.flush()
             time.sleep(args.watch)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         if sys.stdout.isatty():
             sys.stdout.write("\n")
         return 0
     except BrokenPipeError:
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived during ``--watch``."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
