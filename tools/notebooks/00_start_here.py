@@ -1,10 +1,39 @@
 # %% [markdown]
 # # 00 · Start here: reading memory with vramlab
 #
-# Every lesson in this workbook asks a question about memory, lets you predict the answer,
-# measures it, and ends with an `assert` that checks the claim. This first notebook shows
-# the instrument itself: how to load it, what the table means, and how to read the same
-# figures from Python.
+# ## The road map
+#
+# This workbook starts from two articles, both in Portuguese. The first,
+# *"Como a memória da GPU afeta o desempenho do modelo de aprendizado de máquina?"* (000), argues
+# that the GPU's memory (VRAM) bounds what a model can do: how much work runs in parallel, how
+# large a batch can be, and how big a model and its hyper-parameters can get. It also says that
+# when VRAM is short, data is swapped with the host's RAM, and that quantisation and pruning
+# shrink models. The second, *"Dicas para Otimizar a Memória do Seu Sistema para Treinamento de
+# Modelos de IA em 2024"* (004), is about the host: how much RAM a job needs, swap, loading data
+# in mini-batches, freeing memory, and the tools to watch it with.
+#
+# Each claim has an id (A1 to A7 for the first article, B1 to B7 for the second), and each is
+# measured here. Some claims hold, some hold only within limits, and some are wrong as stated:
+# the lessons say which, and mark each correction as one. [`docs/claims.md`](../docs/claims.md)
+# lists every claim with its verdict. [`docs/glossary.md`](../docs/glossary.md) explains the terms
+# (RSS, cgroup, pinned memory, caching allocator, …) in the order you meet them.
+#
+# | lesson | what it measures | claims | reading time |
+# |---|---|---|---|
+# | 00 start here | the instrument: the layers of memory, per-cell peaks, other tools | B7, B1 | 15 min |
+# | 01 GPU basics | throughput against batch size, up to the memory wall; a model on the device | A1, B6 | 20 min |
+# | 02 batch size | peak memory is a line in the batch; the largest batch per GPU; gradient noise | A2, A3 | 25 min |
+# | 03 transfer and swapping | the host link, offloading, RAM against disk, fewer bytes, bucketing | A4, A5, B2 | 25 min |
+# | 04 hyper-parameters under a budget | width, depth, resolution, sequence length; what widens the grid | A6 | 25 min |
+# | 05 quantisation and pruning | bytes per parameter, int8 accuracy, pruning that does and does not shrink | A7 | 25 min |
+# | 06 host RAM | how much RAM a job needs; streaming; `del` and the garbage collector; the allocator's cache | B1, B3, B4, B5 | 25 min |
+# | 07 the anatomy of training memory | one step phase by phase; bytes per parameter; a 7B fine-tune on GPUs you do not have | C1 | 25 min |
+#
+# Every lesson asks a question about memory and lets you predict the answer: the prediction
+# cells start empty (`None`), and the measuring cell prints your guess beside the measurement when
+# you gave one. It then measures, and ends with an `assert` that checks the claim. This first
+# notebook shows the instrument itself: how to load it, what the table means, and how to read the
+# same figures from Python.
 #
 # Load the extension once per kernel:
 
@@ -80,7 +109,7 @@ for d in snap.devices:
 # Write your prediction before running the next cells:
 
 # %%
-prediction_mib = 256  # edit me: the RSS growth you expect, in MiB
+prediction_mib = None  # your guess: the RSS growth you expect, in MiB
 
 # %%
 import numpy as np
@@ -91,8 +120,8 @@ block = np.ones(256 * MiB // 8)          # 256 MiB of float64, every page writte
 grown = vramlab.snapshot().host.process_rss - before
 del block
 after = vramlab.snapshot().host.process_rss - before
-print(f"predicted +{prediction_mib} MiB; measured +{grown / MiB:.1f} MiB while the array lives, "
-      f"{after / MiB:+.1f} MiB after del")
+guess = f"predicted +{prediction_mib} MiB; " if prediction_mib is not None else ""
+print(f"{guess}measured +{grown / MiB:.1f} MiB while the array lives, {after / MiB:+.1f} MiB after del")
 
 # %% [markdown]
 # The array's pages are written by `np.ones`, so the kernel must back all of them with RAM:
@@ -130,25 +159,38 @@ assert record.host.rss_delta < 32 * MiB      # ... that the before/after differe
 #
 # The article suggests `nvidia-smi`, `htop` and memory_profiler. They read the same kernel and
 # driver counters, but not the same layers:
-# - `free` and `htop` show the whole machine: `available` is the kernel's `MemAvailable`, the same
-#   figure vramlab uses, but they know nothing of a container's limit;
-# - memory_profiler reports this process's RSS, like vramlab's *this process*, in MiB (2^20 bytes);
+# - `htop` shows each process's RSS in its RES column, and the machine's memory in its header.
+#   It is interactive and has no mode that prints once, so the cell below runs `ps` and `top -b`
+#   (top's batch mode) as stand-ins. They read the same `/proc` fields that htop reads.
+# - `free` shows the whole machine: its `available` is the kernel's `MemAvailable`, the figure
+#   vramlab starts from, but it knows nothing of a container's limit.
+# - memory_profiler reports this process's RSS, like vramlab's *this process*, in MiB (2^20 bytes).
 # - `nvidia-smi` shows a GPU's used memory: tensors, torch's cache, the CUDA context and every
-#   other process together; `torch.cuda.memory_allocated()` shows the tensors alone. vramlab's
-#   table is the reconciliation of the two.
+#   other process together. `torch.cuda.memory_allocated()` shows the tensors alone, and vramlab's
+#   table is the reconciliation of the two. Without an NVIDIA driver the command is missing, or it
+#   fails with "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver".
+#
+# The cell reads vramlab before and after `ps`, so the tool's reading falls between the two.
 
 # %%
+import os
 import shutil
 import subprocess
 
+pid = str(os.getpid())
+before_rss = vramlab.snapshot().host.process_rss
+ps_rss = int(subprocess.run(["ps", "-o", "rss=", "-p", pid], capture_output=True, text=True).stdout) * 1024
 snap = vramlab.snapshot()
-print(f"vramlab      this process {format_bytes(snap.host.process_rss)}, available {format_bytes(snap.host.available)}"
+after_rss = snap.host.process_rss
+print(f"vramlab      this process {format_bytes(after_rss)}, available {format_bytes(snap.host.available)}"
       f" (limit {format_bytes(snap.host.limit)}, {snap.host.limit_source})")
-free_available = None
+print(f"ps -o rss    this process {format_bytes(ps_rss)}   (htop's RES column)")
+if shutil.which("top"):
+    top = subprocess.run(["top", "-b", "-n", "1", "-p", pid], capture_output=True, text=True).stdout.splitlines()
+    print("top -b       " + "\n             ".join(line for line in top[-2:] if line.strip()))
 if shutil.which("free"):
     mem = subprocess.run(["free", "-b"], capture_output=True, text=True).stdout.splitlines()[1].split()
-    free_available = int(mem[6])
-    print(f"free -b      used {format_bytes(int(mem[2]))}, available {format_bytes(free_available)}")
+    print(f"free -b      used {format_bytes(int(mem[2]))}, available {format_bytes(int(mem[6]))}")
 try:
     import memory_profiler
 
@@ -165,8 +207,10 @@ else:
     print("nvidia-smi is not on this machine: no NVIDIA driver")
 
 # %%
-if free_available is not None and snap.host.limit_source == "physical RAM":
-    assert abs(free_available - snap.host.available) < 0.02 * snap.host.total  # the same MemAvailable
+# ps read the same RSS as vramlab: between vramlab's readings just before and just after it
+# (give or take a page table's worth of pages that the subprocess call itself touched)
+lo, hi = min(before_rss, after_rss), max(before_rss, after_rss)
+assert lo - 2 * MiB <= ps_rss <= hi + 2 * MiB, (before_rss, ps_rss, after_rss)
 
 # %%
 %vram stop

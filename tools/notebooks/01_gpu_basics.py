@@ -1,6 +1,9 @@
 # %% [markdown]
 # # 01 · GPU basics: parallel work is bounded by memory
 #
+# Terms are explained in the [glossary](../docs/glossary.md); the claim ids (A1, B6, …) are those of
+# [`docs/claims.md`](../docs/claims.md).
+#
 # **Claims (curriculum A1, B6).** A GPU does many samples at once, but only as many as fit in its
 # memory: throughput grows with the batch until memory becomes the wall. And a model moved to the
 # GPU lives in the GPU's memory, not the host's.
@@ -29,14 +32,19 @@ print(dev)
 # ## 1. Throughput against batch size, up to the wall
 #
 # A small multi-layer perceptron (MLP) is trained one step at a time on random data. For batch
-# sizes 1, 2, 4, … we first run one step inside `dev.measure()` to see whether it fits, and
-# then time a few steps. The doubling stops at the first out-of-memory error.
+# sizes 1, 2, 4, … we run one step inside `dev.measure()` to see whether it fits and how much
+# memory it needs at its peak, and we time it: two warm-up steps, then five timed rounds, of
+# which we keep the median, so that one noisy round does not decide the shape.
+#
+# On the virtual card the timings are the CPU's, and the card does not slow anything down, so
+# we can also time the batches that would *not* fit. That shows where throughput would go if
+# memory were no limit.
 #
 # **Predict.** By how much does throughput (samples per second) grow from batch 1 to the largest
-# batch that fits? Where does the wall come?
+# batch that fits? Does it keep growing up to the wall, or flatten before it?
 
 # %%
-prediction_speedup = 10.0  # edit me: throughput at the best batch / throughput at batch 1
+prediction_speedup = None  # your guess: throughput at the best batch / throughput at batch 1
 
 # %%
 width = 4096 if LARGE else 1024
@@ -58,34 +66,68 @@ def train_step(batch_size: int) -> None:
     opt.step()
 
 
-def samples_per_second(batch_size: int, min_time: float = 0.25) -> float:
-    train_step(batch_size)  # warm-up
-    steps, t0 = 0, time.perf_counter()
-    while steps < 3 or time.perf_counter() - t0 < min_time:
+def samples_per_second(batch_size: int, rounds: int = 5, min_time: float = 0.02) -> float:
+    """Median throughput of ``rounds`` timed rounds, after two warm-up steps."""
+    for _ in range(2):
         train_step(batch_size)
-        steps += 1
-    if dev.is_cuda:
-        torch.cuda.synchronize()
-    return steps * batch_size / (time.perf_counter() - t0)
+    rates = []
+    for _ in range(rounds):
+        if dev.is_cuda:
+            torch.cuda.synchronize()
+        steps, t0 = 0, time.perf_counter()
+        while steps < 1 or time.perf_counter() - t0 < min_time:
+            train_step(batch_size)
+            steps += 1
+        if dev.is_cuda:
+            torch.cuda.synchronize()
+        rates.append(steps * batch_size / (time.perf_counter() - t0))
+    return sorted(rates)[len(rates) // 2]
 
 
-results = []  # (batch, peak bytes, samples/s)
+MAX_TIMED = 2**14 if dev.is_cuda else 2**12  # the largest batch timed
+results = []  # (batch, peak bytes or None when it does not fit, samples/s)
 oom = None
 batch = 1
-while batch <= 2**24:
+while batch <= MAX_TIMED:
+    peak = None
     try:
         with dev.measure() as m:
             train_step(batch)
+        peak = m.peak
     except torch.OutOfMemoryError as e:
-        # keep the error, not its traceback: the traceback's frames hold the failed step's tensors
-        oom = (batch, e.with_traceback(None))
-        break
-    results.append((batch, m.peak, samples_per_second(batch)))
+        if oom is None:
+            # keep the error, not its traceback: the traceback's frames hold the failed step's tensors
+            oom = (batch, e.with_traceback(None))
+        if dev.is_cuda:
+            break  # a real card cannot run it at all
+    results.append((batch, peak, samples_per_second(batch)))
     batch *= 2
 dev.cleanup()
 for b, peak, thr in results:
-    print(f"batch {b:>6}: peak {format_bytes(peak):>11}  {thr:>10,.0f} samples/s")
-print(f"batch {oom[0]} does not fit: {str(oom[1]).split('. ')[1]}")
+    fits = format_bytes(peak) if peak is not None else "does not fit"
+    print(f"batch {b:>6}: peak {fits:>12}  {thr:>12,.0f} samples/s")
+
+# %% [markdown]
+# On a big GPU the wall is far beyond any batch worth timing: a step at the wall would take
+# minutes. There the cell above stops at the largest timed batch without an error. The line
+# that memory follows (lesson 02) then says where the wall is, and one step at twice that batch
+# shows the error, which comes as soon as the first tensor that does not fit is allocated.
+
+# %%
+fitted = [(b, p) for b, p, _ in results if p is not None]
+(b1, p1), (b2, p2) = fitted[-2], fitted[-1]
+per_sample = (p2 - p1) / (b2 - b1)  # bytes per sample, from the two largest batches that fit
+fixed = p2 - per_sample * b2
+if oom is None:  # the wall was not reached by timing: predict it, then show it
+    predicted_wall = int((dev.budget - fixed) / per_sample)
+    try:
+        with dev.measure():
+            train_step(2 * predicted_wall)
+    except torch.OutOfMemoryError as e:
+        oom = (2 * predicted_wall, e.with_traceback(None))
+    dev.cleanup()
+print(f"memory: {format_bytes(fixed)} fixed + {format_bytes(per_sample)} per sample; "
+      f"batch {oom[0]:,} does not fit: {str(oom[1]).split('. ')[1]}")
 
 # %% [markdown]
 # The out-of-memory error is an ordinary exception: it was caught, the step's tensors were
@@ -102,10 +144,11 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
 ax1.plot(batches, throughput, "o-")
 ax1.set_xscale("log", base=2)
 ax1.set_xlabel("batch size")
-ax1.set_ylabel("samples / s")
-ax1.axvline(oom[0], color="#e15759", ls="--", label="out of memory")
-ax1.legend()
-ax2.plot(batches, [r[1] / 2**20 for r in results], "o-")
+ax1.set_ylabel("samples / s (median of 5)")
+if oom[0] <= batches[-1]:
+    ax1.axvline(oom[0], color="#e15759", ls="--", label="out of memory")
+    ax1.legend()
+ax2.plot([b for b, _ in fitted], [p / 2**20 for _, p in fitted], "o-")
 ax2.axhline(dev.capacity / 2**20, color="#e15759", ls="--", label="capacity")
 ax2.set_xscale("log", base=2)
 ax2.set_xlabel("batch size")
@@ -114,25 +157,44 @@ ax2.legend()
 fig.tight_layout()
 
 # %%
-speedup = max(throughput) / throughput[0]
-last_gain = throughput[-1] / throughput[-2]
-print(f"predicted {prediction_speedup:.1f}x; measured {speedup:.1f}x from batch 1 to the best batch; "
-      f"the last doubling that fit changed throughput by {last_gain:.2f}x")
+best = max(throughput)
+fit_thr = [t for (b, p, t) in results if p is not None]
+speedup = max(fit_thr) / throughput[0]
+saturated_at = next(b for b, _, t in results if t >= 0.9 * best)  # first batch within 10% of the best
+gains = [throughput[i + 1] / throughput[i] for i in range(len(throughput) - 1)]
+early, late = sum(gains[:3]) / 3, sum(gains[-3:]) / 3
+need_at_saturation = fixed + per_sample * saturated_at
+print(f"predicted {prediction_speedup}x; measured {speedup:.1f}x from batch 1 to the best batch that fits"
+      if prediction_speedup is not None else
+      f"measured {speedup:.1f}x from batch 1 to the best batch that fits")
+print(f"each doubling gained {early:.2f}x on average over the first three, {late:.2f}x over the last three")
+print(f"throughput comes within 10% of its best at batch {saturated_at:,}, where a step needs "
+      f"{format_bytes(need_at_saturation)}: {need_at_saturation / dev.capacity:.1%} of this card's "
+      f"{format_bytes(dev.capacity)}; the wall is at batch {oom[0]:,}")
+print("throughput was still rising at the wall: memory stopped the batch before the hardware was busy"
+      if saturated_at >= oom[0] else
+      "throughput had flattened before the wall: past that batch, memory buys no more speed")
 
 # %% [markdown]
-# Throughput rises with the batch because one step's fixed costs (launching each layer, Python,
-# the optimizer) are shared by more samples, and because wide matrix products use the hardware
-# better. It then flattens: the hardware is busy, and doubling the batch doubles the step time.
-# On this CPU the rise is modest; on a GPU, with thousands of cores to fill, it is much larger.
-# Memory, meanwhile, grows linearly with the batch (lesson 02 fits that line) until it meets the
-# capacity: that, not compute, is where the batch stops growing.
+# Read the shape from the lines above. Throughput rises with the batch because one step's fixed
+# costs (launching each layer, Python, the optimizer) are shared by more samples, and because wide
+# matrix products use the hardware better. The gains shrink with every doubling: once the
+# hardware is busy, doubling the batch doubles the step time. Memory, meanwhile, grows linearly
+# with the batch (lesson 02 fits that line) until it meets the capacity.
+#
+# Which comes first depends on the card, and the last line above says which it was here. On a
+# card whose wall comes first, memory stops the batch while the hardware could still do more. On a
+# big GPU it is the other way round: throughput saturates at a batch that needs a small fraction of
+# the card, and the wall sits far beyond it. **"More VRAM means more parallelism" is true only up
+# to saturation.** Past it, more memory buys a larger batch, not a faster epoch. Whether a larger
+# batch is worth having is a training question: see lesson 04.
 
 # %%
 assert oom is not None and oom[1].__class__ is torch.OutOfMemoryError  # the wall was hit
-assert results[-1][1] <= dev.capacity  # every batch that ran fitted
-assert speedup > 1.5, speedup  # batching pays
-assert last_gain < 1.5, last_gain  # ... and then flattens
-train_step(batches[-1])  # recovered: the largest batch that fits still trains
+assert all(p <= dev.capacity for _, p in fitted)  # every batch that ran fitted
+assert speedup > 2, speedup  # batching pays
+assert early > late, (early, late)  # ... and pays less with every doubling
+train_step(fitted[-1][0])  # recovered: the largest batch that fits still trains
 
 # %% [markdown]
 # ## 2. Moving a model to the device
@@ -143,7 +205,7 @@ train_step(batches[-1])  # recovered: the largest batch that fits still trains
 # **Predict.** A model with 8 M float32 parameters: how many bytes does it add to the device?
 
 # %%
-prediction_bytes = 32_000_000  # edit me
+prediction_bytes = None  # your guess, in bytes
 
 # %%
 del model, opt  # section 1's model leaves the device
@@ -159,8 +221,8 @@ device_before = dev.allocated()
 big = dev.put(big)
 device_delta = dev.allocated() - device_before
 host_delta = vramlab.snapshot().host.process_rss - host_before
-print(f"parameters: {big[0].weight.numel() * 2 + 4000:,} ({format_bytes(param_bytes)}); predicted "
-      f"{format_bytes(prediction_bytes)}")
+print(f"parameters: {big[0].weight.numel() * 2 + 4000:,} ({format_bytes(param_bytes)})"
+      + (f"; predicted {format_bytes(prediction_bytes)}" if prediction_bytes is not None else ""))
 print(f"device memory   {format_bytes(device_delta, signed=True)}")
 print(f"host RSS        {format_bytes(host_delta, signed=True)}")
 

@@ -1,6 +1,9 @@
 # %% [markdown]
 # # 05 · Quantisation and pruning: fewer bytes per weight
 #
+# Terms are explained in the [glossary](../docs/glossary.md); the claim ids (A1, B6, …) are those of
+# [`docs/claims.md`](../docs/claims.md).
+#
 # **Claim (curriculum A7).** Pruning and quantisation "reduce the memory footprint of ML models
 # … without compromising accuracy". This notebook takes the claim apart into three measurable
 # pieces:
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 import vramlab
+from vramlab.lessons.predict import guess
 from vramlab import format_bytes
 from vramlab.lessons import quant, prune
 
@@ -44,7 +48,7 @@ print(dev)
 # **Predict.** How many bytes per parameter does each format take on the device, scales included?
 
 # %%
-prediction_bytes_per_param = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}  # edit me
+prediction_bytes_per_param = {"fp32": None, "bf16": None, "int8": None, "int4": None}  # your guesses, bytes
 
 # %%
 width = 4096 if LARGE else 1024
@@ -78,13 +82,16 @@ for name, build in variants.items():
 print(f"{n_params:,} parameters")
 for name, nbytes in on_device.items():
     print(f"{name:>5}: {format_bytes(nbytes):>11} on the device, {nbytes / n_params:.3f} bytes/parameter "
-          f"(predicted {prediction_bytes_per_param[name]}, {100 * nbytes / on_device['fp32']:.1f}% of fp32)")
+          f"({guess(prediction_bytes_per_param[name])}, {100 * nbytes / on_device['fp32']:.1f}% of fp32)")
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 2.8))
 names = list(on_device)
 ax.bar(names, [on_device[n] / n_params for n in names], color="#4e79a7", label="measured")
-ax.scatter(names, [prediction_bytes_per_param[n] for n in names], color="#e15759", zorder=3, label="your prediction")
+guessed = [n for n in names if prediction_bytes_per_param[n] is not None]
+if guessed:
+    ax.scatter(guessed, [prediction_bytes_per_param[n] for n in guessed], color="#e15759", zorder=3,
+               label="your prediction")
 ax.set_ylabel("bytes per parameter")
 ax.legend()
 fig.tight_layout()
@@ -121,8 +128,8 @@ assert abs(on_device["int4"] / n_params - quant.bytes_per_parameter("int4", grou
 # **Predict.** How many accuracy points does int8 cost? And int4?
 
 # %%
-prediction_int8_drop_points = 1.0  # edit me
-prediction_int4_drop_points = 3.0  # edit me
+prediction_int8_drop_points = None  # your guess, accuracy points lost
+prediction_int4_drop_points = None  # your guess
 
 # %%
 torch.manual_seed(0)
@@ -176,7 +183,7 @@ if quant.dynamic_int8_available():
 else:
     print("torch.ao.quantization.quantize_dynamic does not run in this torch build; skipped")
 
-print(f"predicted drops: int8 {prediction_int8_drop_points} points, int4 {prediction_int4_drop_points} points")
+print(f"drops: int8 {guess(prediction_int8_drop_points, '{} points')}, int4 {guess(prediction_int4_drop_points, '{} points')}")
 for k in acc:
     print(f"{k:>20}: accuracy {acc[k]:5.1f}%  ({acc[k] - acc['fp32']:+.1f} points), "
           f"weights {format_bytes(sizes[k]):>10} ({100 * sizes[k] / sizes['fp32']:.0f}% of fp32)")
@@ -222,7 +229,7 @@ assert acc["int4 weight-only"] > 100 / C + 20  # still far better than chance
 # the model take on the device?
 
 # %%
-prediction_fraction_after_90pct_pruning = 0.1  # edit me
+prediction_fraction_after_90pct_pruning = None  # your guess: bytes as a fraction of dense
 
 # %%
 amounts = [0.5, 0.9]
@@ -250,7 +257,7 @@ for a, (sp, nbytes, ac) in unstructured.items():
     print(f"unstructured {a:.0%}: {sp:.0%} zeros, {format_bytes(nbytes)} on the device "
           f"({nbytes / dense_bytes:.2f} of dense), accuracy {ac:.1f}%")
 print(f"90% pruning still attached: {format_bytes(attached_bytes)} ({attached_bytes / dense_bytes:.2f} of dense)")
-print(f"predicted {prediction_fraction_after_90pct_pruning:.2f} of dense after 90% pruning; "
+print(f"after 90% pruning: {guess(prediction_fraction_after_90pct_pruning, '{:.2f} of dense')}; "
       f"measured {unstructured[0.9][1] / dense_bytes:.2f}")
 
 # %% [markdown]

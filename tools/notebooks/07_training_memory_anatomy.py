@@ -1,6 +1,9 @@
 # %% [markdown]
 # # 07 · The anatomy of training memory
 #
+# Terms are explained in the [glossary](../docs/glossary.md); the claim ids (A1, B6, …) are those of
+# [`docs/claims.md`](../docs/claims.md).
+#
 # This lesson ties the workbook together. One training step holds four kinds of memory:
 # the **weights**, the **gradients**, the **optimizer state** (Adam keeps two running moments per
 # weight) and the **activations** (what the forward pass saves for backward, plus temporaries).

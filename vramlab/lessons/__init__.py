@@ -8,6 +8,7 @@
 - :mod:`vramlab.lessons.hparams`: hyper-parameters under a memory budget.
 - :mod:`vramlab.lessons.quant`, :mod:`vramlab.lessons.prune`: quantisation and pruning.
 - :mod:`vramlab.lessons.finetune`: 8-bit optimizer state, LoRA, bytes per parameter.
+- :mod:`vramlab.lessons.predict`: ``guess()``, the learner's prediction beside a measurement.
 
 These modules import torch when they are imported (``device`` only when used); importing
 this package imports none of them. All sizes are in bytes.
