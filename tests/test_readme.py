@@ -14,6 +14,7 @@ def _mask(text: str) -> list[str]:
     """Figures, times and column padding vary from run to run; words and layout do not."""
     text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
     text = re.sub(r"\d+(\.\d+)?", "<n>", text)
+    text = re.sub(r"\[[#%.]+\]", "[<bar>]", text)  # the text bar's proportions follow the figures
     return [" ".join(line.split()) for line in text.splitlines()]
 
 

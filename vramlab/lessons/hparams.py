@@ -8,6 +8,9 @@
   under gradient checkpointing; :func:`naive_attention` is attention written out, which
   materialises the ``T x T`` score matrix that fused kernels
   (``F.scaled_dot_product_attention``) avoid.
+- :func:`checkpoint_segments` runs a stack of layers split into any number of near-equal
+  segments under gradient checkpointing (``checkpoint_sequential`` with even segments), and
+  :func:`segment_bounds` says where the segments start and stop.
 
 Sizes are in bytes.
 """
@@ -25,7 +28,8 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from ..runtime.oom import drop_traceback, is_oom
 
-__all__ = ["Fit", "polyfit", "Grid", "feasible_grid", "ConvNet", "naive_attention"]
+__all__ = ["Fit", "polyfit", "Grid", "feasible_grid", "ConvNet", "naive_attention", "segment_bounds",
+           "checkpoint_segments"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +150,38 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     softmax are kept for backward: memory grows as the square of the sequence length."""
     scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
     return torch.softmax(scores, dim=-1) @ v
+
+
+def segment_bounds(n: int, segments: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of ``segments`` contiguous segments of ``n`` layers whose lengths differ
+    by at most one (the longer ones last)."""
+    if not 1 <= segments <= n:
+        raise ValueError(f"segments must be between 1 and the number of layers ({n}); got {segments}")
+    edges = [n * i // segments for i in range(segments + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def checkpoint_segments(layers: Sequence[nn.Module], segments: int, x: torch.Tensor) -> torch.Tensor:
+    """Run ``layers`` in order on ``x``, split into ``segments`` near-equal segments
+    (:func:`segment_bounds`); every segment but the last runs under ``torch.utils.checkpoint``
+    (non-reentrant), so only its input is kept for backward and its forward runs again there.
+
+    The last segment is not checkpointed: its forward would be recomputed at once. This is
+    ``torch.utils.checkpoint.checkpoint_sequential`` when ``segments`` divides ``len(layers)``;
+    for other counts that function makes ``segments - 1`` segments of ``len(layers) // segments``
+    layers and gives the rest to the last, unchecked one (at ``segments > len(layers) / 2``, half
+    the layers or more), where this one keeps the segments even. ``segments=1``: no checkpointing.
+    """
+    layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
+    bounds = segment_bounds(len(layers), segments)
+
+    def run(start: int, stop: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def forward(h: torch.Tensor) -> torch.Tensor:
+            for layer in layers[start:stop]:
+                h = layer(h)
+            return h
+        return forward
+
+    for start, stop in bounds[:-1]:
+        x = _checkpoint(run(start, stop), x, use_reentrant=False)
+    return run(*bounds[-1])(x)
