@@ -1,4 +1,4 @@
-"""GPU presets: the table, lookup by name and alias, unknown names."""
+"""GPU presets: the table, the three memory figures, lookup by name and alias, unknown names."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from vramlab.sim.presets import CUDA_CONTEXT_OVERHEAD, GPU_PRESETS, GPUPreset, get_preset, preset_names
 
 GiB = 2**30
+MiB = 2**20
 
 
 def test_the_table_has_the_gpus_the_lessons_name():
@@ -26,7 +27,10 @@ def test_every_preset_is_complete_and_sane():
         assert isinstance(p, GPUPreset) and p.kind == "cuda"
         assert p.name not in names
         names.add(p.name)
-        assert p.memory >= 8 * GiB and p.memory % GiB == 0
+        assert p.datasheet_memory >= 8 * GiB and p.datasheet_memory % GiB == 0
+        # the reported total: whole MiB (nvidia-smi's unit), at most the datasheet's, by less than 10%
+        assert p.memory % MiB == 0 and 0.9 * p.datasheet_memory < p.memory <= p.datasheet_memory, p.name
+        assert p.memory_source and p.usable == p.memory - p.context_overhead
         assert 100e9 <= p.bandwidth <= 10e12, "bytes per second"
         assert p.host_link.startswith(("PCIe", "NVLink")) and p.host_link_bandwidth > 0
         assert p.source
@@ -34,11 +38,19 @@ def test_every_preset_is_complete_and_sane():
 
 
 def test_known_figures():
-    assert get_preset("T4").memory == 16 * GiB
+    t4 = get_preset("T4")
+    assert t4.datasheet_memory == 16 * GiB and t4.memory == 15360 * MiB  # a T4 reports 15 GiB, not 16
+    assert t4.usable == 15360 * MiB - CUDA_CONTEXT_OVERHEAD < 15 * GiB
     assert get_preset("A100-40GB").memory == 40 * GiB
     assert get_preset("A100-80GB").memory == 80 * GiB
     assert get_preset("H100").bandwidth == 3350 * 10**9
-    assert get_preset("H200").memory == 141 * GiB
+    assert get_preset("H100").memory == 85520809984  # torch's total_memory on an H100 80GB, reported
+    assert get_preset("H200").datasheet_memory == 141 * GiB and get_preset("H200").memory == 143771 * MiB
+
+
+def test_datasheet_memory_defaults_to_memory():
+    p = GPUPreset("X", 12 * GiB, "GDDR6", 300 * 10**9, "PCIe 4.0 x16", 32 * 10**9)
+    assert p.datasheet_memory == p.memory == 12 * GiB and p.usable == 12 * GiB - CUDA_CONTEXT_OVERHEAD
     assert get_preset("RTX 4090").host_link == "PCIe 4.0 x16"
 
 

@@ -310,7 +310,8 @@ def test_capacity_forms_and_presets():
     assert t4.budget == t4.capacity - CUDA_CONTEXT_OVERHEAD
     assert VirtualGPU("a100_80gb").name == "A100-80GB"
     assert VirtualGPU("16GiB").context_overhead == 0
-    assert VirtualGPU("T4", context_overhead=0).budget == parse_size("16GiB")
+    assert VirtualGPU("T4", context_overhead=0).budget == parse_size("15360MiB")  # the total a T4 reports
+    assert t4.budget == get_preset("T4").usable
 
 
 def test_preset_context_overhead_is_not_available_to_tensors():

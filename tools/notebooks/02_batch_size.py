@@ -10,7 +10,7 @@
 # subtle than the claim.
 #
 # Lesson 01 found the memory wall by doubling the batch. Here we look at the line that leads to
-# it. The device is a CUDA GPU when there is one, else a virtual T4 (16 GB) on the CPU.
+# it. The device is a CUDA GPU when there is one, else a virtual T4 (a 16 GB card that reports 15 GiB) on the CPU.
 
 # %%
 import math
@@ -153,16 +153,19 @@ dataset = 1_281_167  # samples per epoch: the size of ImageNet-1k's training set
 rows = []
 for name in ["RTX 4060 Laptop", "T4", "L4", "A100-80GB", "H200"]:
     p = get_preset(name)
-    usable = p.memory - vramlab.sim.CUDA_CONTEXT_OVERHEAD
-    b_max = math.floor((usable - v_fixed) / v_slope)  # the virtual line: the estimate's accounting
+    b_max = math.floor((p.usable - v_fixed) / v_slope)  # the virtual line: the estimate's accounting
     est_in = vramlab.estimate(build_model, lambda b: make_batch(b, device="cpu"), batch_size=int(b_max * 0.99),
                               optimizer="adam", device=name)
     est_out = vramlab.estimate(build_model, lambda b: make_batch(b, device="cpu"), batch_size=int(b_max * 1.01),
                                optimizer="adam", device=name)
-    rows.append((p.name, p.memory, b_max, math.ceil(dataset / b_max), est_in.fits, est_out.fits))
-print(f"{'GPU':<22}{'memory':>12}{'largest batch':>15}{'iterations/epoch':>18}  estimate fits at 0.99 B, at 1.01 B")
-for name, mem, b, it, fit_in, fit_out in rows:
-    print(f"{name:<22}{format_bytes(mem):>12}{b:>15,}{it:>18,}  {fit_in}, {fit_out}")
+    rows.append((p.name, p.datasheet_memory, p.usable, b_max, math.ceil(dataset / b_max), est_in.fits, est_out.fits))
+print(f"{'GPU':<18}{'datasheet':>11}{'usable':>12}{'largest batch':>15}{'iterations/epoch':>18}"
+      "  estimate fits at 0.99 B, at 1.01 B")
+for name, sheet, usable, b, it, fit_in, fit_out in rows:
+    sheet_gb = f"{sheet // 2**30} GB"  # the datasheet's "GB", which is GiB of DRAM
+    print(f"{name:<18}{sheet_gb:>11}{format_bytes(usable):>12}{b:>15,}{it:>18,}  {fit_in}, {fit_out}")
+print("usable: the total the card reports (nvidia-smi, cited in vramlab.sim.presets) minus the modelled "
+      f"CUDA context of {format_bytes(vramlab.sim.CUDA_CONTEXT_OVERHEAD)}; not yet read on a card by vramlab")
 
 # %% [markdown]
 # A card with 10× the memory runs a 10× larger batch of this model, and so needs a tenth of the
@@ -175,7 +178,7 @@ for name, mem, b, it, fit_in, fit_out in rows:
 # that plateau.
 
 # %%
-assert all(r[4] and not r[5] for r in rows)  # the estimate fits at 0.99 of the line's batch, not at 1.01
+assert all(r[5] and not r[6] for r in rows)  # the estimate fits at 0.99 of the line's batch, not at 1.01
 
 # %% [markdown]
 # ## 3. Gradient noise shrinks as 1/B
