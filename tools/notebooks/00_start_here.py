@@ -24,10 +24,12 @@
 # | 01 GPU basics | throughput against batch size, up to the memory wall; a model on the device | A1, B6 | 20 min |
 # | 02 batch size | peak memory is a line in the batch; the largest batch per GPU; gradient noise | A2, A3 | 25 min |
 # | 03 transfer and swapping | the host link, offloading, RAM against disk, fewer bytes, bucketing | A4, A5, B2 | 25 min |
-# | 04 hyper-parameters under a budget | width, depth, resolution, sequence length; what widens the grid | A6 | 25 min |
+# | 04 hyper-parameters under a budget | width, depth, resolution, sequence length, regularisers; what widens the grid; how finely to checkpoint | A6 | 25 min |
 # | 05 quantisation and pruning | bytes per parameter, int8 accuracy, pruning that does and does not shrink | A7 | 25 min |
-# | 06 host RAM | how much RAM a job needs; streaming; `del` and the garbage collector; the allocator's cache | B1, B3, B4, B5 | 25 min |
-# | 07 the anatomy of training memory | one step phase by phase; bytes per parameter; a 7B fine-tune on GPUs you do not have | C1 | 25 min |
+# | 06 host RAM: how much a job needs | a RAM plan against the measured peak and the tiers; whole, streamed and memory-mapped data | B1, B3 | 15 min |
+# | 07 host-RAM hygiene | `del` and the garbage collector; the traceback that keeps an OOM alive; the allocator's cache | B4, B5 | 20 min |
+# | 08 the anatomy of training memory | one step phase by phase; bytes per parameter; the estimate against the measurement | C1 | 20 min |
+# | 09 a 7B fine-tune on GPUs you do not have | four recipes on four cards, from the estimate | C1 | 15 min |
 #
 # Every lesson asks a question about memory and lets you predict the answer: the prediction
 # cells start empty (`None`), and the measuring cell prints your guess beside the measurement when
@@ -127,7 +129,7 @@ print(f"{guess}measured +{grown / MiB:.1f} MiB while the array lives, {after / M
 # The array's pages are written by `np.ones`, so the kernel must back all of them with RAM:
 # RSS grows by the array's size. A large NumPy buffer is its own `mmap`, so `del` hands it
 # straight back to the kernel. (Small objects go back to Python's allocator instead, and
-# RSS may not fall: lesson 06 measures that.)
+# RSS may not fall: lesson 07 measures that.)
 
 # %%
 assert grown >= 250 * MiB, grown

@@ -383,7 +383,7 @@ fig.tight_layout()
 # printed above):
 #
 # - **Mixed precision** stores the activations in bf16, half the bytes. The fp32 weights stay, and
-#   autocast adds bf16 copies of them (lesson 07), so the peak falls by somewhat less than half.
+#   autocast adds bf16 copies of them (lesson 08), so the peak falls by somewhat less than half.
 # - **Gradient checkpointing** keeps only each block's input and recomputes the block during
 #   backward, so the other blocks' activations are not stored. But the first block, at full
 #   resolution, holds most of the activations, and it is materialised again while it is

@@ -14,7 +14,7 @@
 #    saves nothing in a dense tensor, while removing whole neurons (structured pruning) does.
 #
 # Lesson 03 measured what fewer bytes save on the link between host and GPU; here it is the model
-# itself, at rest on the device, and what the fewer bytes cost in accuracy. Lesson 07 uses these
+# itself, at rest on the device, and what the fewer bytes cost in accuracy. Lesson 09 uses these
 # figures for a 7B-parameter model.
 #
 # Nothing here is near the card's capacity, so the device is a T4-sized virtual GPU when there is no

@@ -1,32 +1,25 @@
 # %% [markdown]
-# # 06 · Host RAM: how much you need, and getting it back
+# # 06 · Host RAM: how much a job needs
 #
 # Terms are explained in the [glossary](../docs/glossary.md); the claim ids (A1, B6, …) are those of
 # [`docs/claims.md`](../docs/claims.md).
 #
-# **Claims (curriculum B1, B3, B4, B5).** The second source article gives RAM tiers by task
-# (16 GB for simple models, 32 GB for CNNs and RNNs, 64 GB or more for deep learning on big data),
-# and three habits: load data in mini-batches rather than all at once; free what you no longer
-# need with `del` and the garbage collector; and rely on frameworks, such as PyTorch, that manage
-# memory for you. We turn each into a measurement of this process's RAM:
+# **Claims (curriculum B1, B3).** The second source article gives RAM tiers by task (16 GB for
+# simple models, 32 GB for CNNs and RNNs, 64 GB or more for deep learning on big data), and
+# advises loading data in mini-batches rather than all at once. We turn both into measurements of
+# this process's RAM:
 #
 # 1. a RAM-needs calculation, checked against the measured peak, and set against the tiers;
-# 2. the whole dataset in memory against streaming mini-batches;
-# 3. `del` alone against `del` plus `gc.collect()`, on reference cycles;
-# 4. the traceback that keeps an out-of-memory error's tensors alive, and `%vram free`;
-# 5. the caching allocator: memory that is freed but not given back.
+# 2. the whole dataset in memory against streaming mini-batches, and a memory-mapped scan.
 #
 # Lesson 03 measured what happens when data does not fit in RAM (disk and swap); this one is
-# about what a job keeps in RAM in the first place. Sections 3 to 5 use the device. Without a CUDA
-# GPU it is a small virtual card of 1 GiB: the virtual GPU allocates each tensor in host memory
-# before it checks its capacity, so a small card keeps section 4's deliberately oversized request
-# cheap. **Without a GPU, the virtual card's tensors live in this process's RAM**, so on a CPU-only
-# machine host RSS includes them; on a CUDA machine it does not.
+# about what a job keeps in RAM in the first place, and lesson 07 about getting memory back. The
+# training step runs on the lesson's device: without a CUDA GPU, a virtual card of 1 GiB whose
+# tensors live in this process's RAM. **On a CPU-only machine host RSS therefore includes the
+# device's tensors**; on a CUDA machine it does not. Here they are a linear model and one batch.
 
 # %%
-import gc
 import os
-import sys
 import tempfile
 
 import matplotlib.pyplot as plt
@@ -43,9 +36,6 @@ dev = vramlab.pick_device(virtual="1GiB")
 LARGE = dev.large  # the one size switch: a 1 GiB dataset instead of 256 MiB on a big GPU machine
 MiB, GiB = 2**20, 2**30
 print(dev)
-
-# %%
-%load_ext vramlab
 
 # %% [markdown]
 # ## 1. How much RAM does a job need?
@@ -211,196 +201,8 @@ assert stream.delta < 0.1 * dataset_bytes, stream
 assert whole.delta > 5 * stream.delta, (whole.delta, stream.delta)
 assert mapped.delta > stream.delta  # the mapped pages of the scan are resident
 
-# %% [markdown]
-# ## 3. `del`, and the garbage collector
-#
-# Python frees an object as soon as its last reference goes away (reference counting), so `del`
-# of the last name frees a tensor at once. Objects that refer to each other (a *reference cycle*:
-# a model that keeps a reference to its own trainer, a closure over itself, an exception bound to a
-# frame that holds it) keep each other alive after `del`; only the cycle collector, `gc.collect()`,
-# finds them. It also runs by itself, when enough objects were allocated; we switch it off for this
-# section so that the measurement does not depend on when it happens to run.
-#
-# **Predict.** Two 64 MiB tensors on the device, one held by a plain object and one by an object
-# in a reference cycle. How many MiB does each `del` give back? And `gc.collect()`?
-
 # %%
-prediction_del_plain_mib, prediction_del_cycle_mib, prediction_collect_mib = None, None, None  # your guesses, MiB
-
-
-# %%
-class Holder:
-    def __init__(self, t: torch.Tensor, cycle: bool) -> None:
-        self.t = t
-        self.me = self if cycle else None   # a reference cycle: the object refers to itself
-
-
-gc.collect()
-gc.disable()
-try:
-    n = 64 * MiB // 4
-    readings = {"start": dev.allocated()}
-    with dev.measure():
-        plain = Holder(torch.ones(n, device=dev.device), cycle=False)
-        cyclic = Holder(torch.ones(n, device=dev.device), cycle=True)
-    readings["two tensors"] = dev.allocated()
-    del plain
-    readings["del plain"] = dev.allocated()
-    del cyclic
-    readings["del cyclic"] = dev.allocated()
-    found = gc.collect()
-    readings["gc.collect()"] = dev.allocated()
-finally:
-    gc.enable()
-steps = list(readings)
-freed = {s: (readings[p] - readings[s]) / MiB for p, s in zip(steps, steps[1:]) if s != "two tensors"}
-for s in steps:
-    print(f"{s:<14} {format_bytes(readings[s] - readings['start']):>10} on the device")
-print(f"gc.collect() found {found} unreachable objects")
-print("MiB freed by del plain, del cyclic, gc.collect(): "
-      + ", ".join(f"{freed[k]:.0f} ({guess(p)})" for k, p in zip(freed, (prediction_del_plain_mib, prediction_del_cycle_mib,
-                                                                        prediction_collect_mib))))
-
-fig, ax = plt.subplots(figsize=(5.5, 2.6))
-ax.step(range(len(steps)), [(readings[s] - readings["start"]) / MiB for s in steps], where="mid", marker="o")
-ax.set_xticks(range(len(steps)), steps, fontsize=8)
-ax.set_ylabel("device MiB")
-fig.tight_layout()
-
-# %%
-assert abs(freed["del plain"] - 64) < 1, freed
-assert abs(freed["del cyclic"]) < 1, freed  # del alone frees nothing in a cycle
-assert abs(freed["gc.collect()"] - 64) < 1, freed
-
-# %% [markdown]
-# ## 4. The traceback that keeps an out-of-memory error's tensors alive
-#
-# An exception carries its traceback, and the traceback holds every frame it passed through, with
-# their local variables. After an out-of-memory error, those locals are the tensors of the step
-# that failed. IPython keeps the last uncaught exception in `sys.last_value` and
-# `sys.last_traceback` (for `%debug`), so after an OOM in a notebook **the failed step's memory
-# stays allocated** until something clears them. `%vram free` does that: it drops the last
-# exception and its frames, collects, and (on CUDA) empties the cache.
-#
-# A cell that fails stops the notebook, so the next cell does by hand what IPython does with an
-# uncaught error: it stores the error in `sys.last_*`. In your own notebook, just let the cell fail.
-#
-# **Predict.** The step below holds 192 MiB of intermediates when it asks for more than the card
-# has. How much stays allocated after the error? And after `%vram free`?
-
-# %%
-prediction_held_mib, prediction_after_free_mib = None, None  # your guesses, MiB
-
-
-# %%
-def step_that_runs_out() -> None:
-    h1 = torch.ones(64 * MiB // 4, device=dev.device)
-    h2 = torch.ones(64 * MiB // 4, device=dev.device)
-    h3 = torch.ones(64 * MiB // 4, device=dev.device)
-    too_big = torch.empty(2 * dev.capacity // 4, device=dev.device)  # twice the card: fails on any GPU
-    return h1 + h2 + h3 + too_big
-
-
-start = dev.allocated()
-try:
-    with dev.measure():
-        step_that_runs_out()
-except torch.OutOfMemoryError:
-    sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()   # what IPython does
-held = dev.allocated() - start
-print(f"after the OOM: {format_bytes(held)} still allocated ({guess(prediction_held_mib, '{} MiB')})")
-print("\n".join(vramlab.explain_oom(sys.last_value).text().splitlines()[:5]))
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-%vram free
-
-# %%
-after_free = dev.allocated() - start
-print(f"after %vram free: {format_bytes(after_free)} allocated ({guess(prediction_after_free_mib, '{} MiB')})")
-assert held >= 192 * MiB, held
-assert after_free < 1 * MiB, after_free
-
-# %% [markdown]
-# The same happens with `except torch.OutOfMemoryError as e:` when `e` is kept (stored in a list,
-# or returned): keep `e.with_traceback(None)` or a message instead, as lesson 01's loop did, or
-# call `traceback.clear_frames(e.__traceback__)`. `vramlab.find_max_batch_size` (lesson 02) does
-# this between its trials.
-#
-# ## 5. Freed is not returned: the caching allocator
-#
-# When a PyTorch tensor on a CUDA GPU is freed, its memory goes back to PyTorch's **caching
-# allocator**, not to the driver: `torch.cuda.memory_allocated()` falls, `memory_reserved()` does
-# not, and `nvidia-smi` still shows the process using it. The next tensor of a similar size reuses
-# the block without a slow `cudaMalloc`. `torch.cuda.empty_cache()` hands the unused blocks back to
-# the driver, for *other processes*; it never makes more memory available to this one. That is
-# what "frameworks with built-in memory management" do.
-#
-# **The virtual GPU does not model the cache**: on it, freed bytes leave the books at once. The
-# CUDA cell below runs only on a CUDA machine. What *is* real on a CPU is the same behaviour one
-# level down: small tensors are carved out of the C library's heap (glibc `malloc`), which keeps
-# freed chunks for reuse instead of returning them to the kernel, until `malloc_trim` is called
-# (`ramplan.release_free_heap()`), the host's `empty_cache()`.
-#
-# **Predict.** 200,000 tensors of 1 KiB each (about 200 MiB of host heap), then `del` of all but
-# one in a thousand. How much does this process's RSS fall? And after `release_free_heap()`?
-
-# %%
-prediction_rss_drop_after_del_mib, prediction_rss_drop_after_trim_mib = None, None  # your guesses, MiB
-
-# %%
-if dev.is_cuda:  # CUDA only: the caching allocator itself
-    torch.cuda.empty_cache()
-    a0, r0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    blocks = [torch.empty(8 * MiB, dtype=torch.uint8, device=dev.device) for _ in range(32)]
-    a1, r1 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    del blocks
-    a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    torch.cuda.empty_cache()
-    a3, r3 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    for label, a, r in (("start", a0, r0), ("32 x 8 MiB", a1, r1), ("del", a2, r2), ("empty_cache()", a3, r3)):
-        print(f"{label:<14} allocated {format_bytes(a - a0):>10}  reserved {format_bytes(r - r0):>10}")
-    assert a2 - a0 < MiB and r2 - r0 >= 256 * MiB  # freed, but still reserved
-    assert r3 - r0 < 8 * MiB  # returned to the driver
-else:
-    print("no CUDA GPU: the caching allocator is not modelled by the virtual GPU; see the host heap below")
-
-# %%
-def rss() -> int:
-    return vramlab.snapshot().host.process_rss
-
-
-ramplan.release_free_heap()
-r0 = rss()
-small = [torch.ones(256) for _ in range(200_000)]   # 1 KiB each, from the C heap
-r1 = rss()
-survivors = small[::1000]                          # a few stay alive, scattered through the heap
-del small
-gc.collect()
-r2 = rss()
-trimmed = ramplan.release_free_heap()
-r3 = rss()
-print(f"200,000 small tensors: RSS +{(r1 - r0) / MiB:.0f} MiB")
-print(f"after del:             RSS +{(r2 - r0) / MiB:.0f} MiB  (fell by {max(r1 - r2, 0) / MiB:.0f} MiB; "
-      f"{guess(prediction_rss_drop_after_del_mib)})")
-print(f"after malloc_trim:     RSS +{(r3 - r0) / MiB:.0f} MiB  (fell by {max(r2 - r3, 0) / MiB:.0f} MiB more; "
-      f"{guess(prediction_rss_drop_after_trim_mib)})")
-del survivors
-
-# %% [markdown]
-# `del` freed the tensors, and the allocator kept their memory: RSS hardly moved. Each large
-# tensor (the 64 MiB ones above) is its own memory mapping and goes straight back to the kernel;
-# small ones share heap pages, and a page with one live object cannot be returned. `malloc_trim`
-# walks the heap and returns every page that is entirely free. The lesson is the same as CUDA's:
-# "freed" in Python is not "returned to the system"; a monitor shows the allocator's view
-# (`allocated`) and the system's view (RSS, or `nvidia-smi`), and both are right.
-
-# %%
-if trimmed:  # glibc: the heap kept the memory until it was trimmed
-    assert r1 - r0 > 150 * MiB, (r0, r1)
-    assert r1 - r2 < 0.5 * (r1 - r0), (r1, r2)  # del alone returned less than half
-    assert r2 - r3 > 0.5 * (r1 - r0), (r2, r3)  # the trim returned most of it
-workdir.cleanup()
+workdir.cleanup()  # the dataset file
 
 # %% [markdown]
 # ## Exercises
@@ -410,7 +212,6 @@ workdir.cleanup()
 #    and moved to the GPU. Which tier?
 # 2. In section 2, why did the memory-mapped scan's RSS grow, although it copied each batch
 #    (`np.array(...)`) and dropped it?
-# 3. In section 3, replace `self.me = self` by a `weakref.ref(self)`. What does `del cyclic` free now?
 #
 # <details><summary>Solutions</summary>
 #
@@ -422,8 +223,6 @@ workdir.cleanup()
 #    touch the objects' reference counts.
 # 2. The copy is dropped, but the pages of the *file* that were read through the mapping stay
 #    mapped into the process, and resident, until the mapping is closed or the kernel reclaims them.
-# 3. A weak reference does not keep its target alive: the object has no cycle, `del` frees it and
-#    its 64 MiB at once, and `gc.collect()` finds nothing more.
 #
 # </details>
 
