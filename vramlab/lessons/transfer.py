@@ -2,8 +2,8 @@
 
 All sizes are in bytes, bandwidths in bytes per second, times in seconds.
 
-- :func:`measure_copy` times a host→device copy (pageable or pinned; on CUDA), or, without
-  CUDA, the same-size host→host copy, and says which it measured.
+- :func:`measure_copy` times a host→device copy (pageable or pinned; on CUDA), or a
+  device→device one, or, without CUDA, the same-size host→host copy, and says which it measured.
 - :func:`save_on_host` offloads the activations saved for backward to host memory: on CUDA
   it is ``torch.autograd.graph.save_on_cpu``; on the virtual GPU it moves each saved
   tensor's bytes out of the virtual card into ordinary host memory (NumPy buffers that
@@ -11,15 +11,23 @@ All sizes are in bytes, bandwidths in bytes per second, times in seconds.
 - :func:`quantize_int8` / :func:`dequantize_int8`: symmetric per-tensor int8.
 - :func:`random_batches` / :func:`bucketed_batches` / :func:`padding_stats`: padding waste
   of random against length-bucketed batching.
+- :func:`page_cache_fraction`: how much of a file is in the page cache (Linux ``mincore``), so
+  that a "cold" read can be checked to be one.
+- :func:`read_swaps` / :class:`SwapArea`: the swap areas the kernel lists in ``/proc/swaps``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import mmap
+import os
 import random
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 __all__ = [
     "CopyResult",
@@ -31,12 +39,15 @@ __all__ = [
     "bucketed_batches",
     "padding_stats",
     "PaddingStats",
+    "page_cache_fraction",
+    "SwapArea",
+    "read_swaps",
 ]
 
 
 @dataclass(frozen=True)
 class CopyResult:
-    """One copy measurement: ``kind`` says what was copied where."""
+    """One copy measurement: ``kind`` says what was copied where; ``nbytes`` in bytes, ``seconds`` in seconds."""
 
     kind: str
     nbytes: int
@@ -49,18 +60,34 @@ class CopyResult:
 
 
 def measure_copy(dev: Any, nbytes: int, *, pinned: bool = False, non_blocking: bool = False,
-                 repeats: int = 5) -> CopyResult:
-    """Median time of copying ``nbytes`` from host memory to ``dev``.
+                 repeats: int = 5, device_to_device: bool = False, fastest: bool = False) -> CopyResult:
+    """Median time, in seconds, of copying ``nbytes`` bytes from host memory to ``dev``.
 
-    On CUDA: a pageable (or ``pinned``) host tensor copied with ``.to(device, non_blocking=...)``,
-    synchronised. Without CUDA there is no device link to measure: it times the same copy
-    host→host (``kind`` says ``"host→host"``); ``pinned`` is then refused, since pinning needs CUDA.
+    On CUDA: a pageable (or ``pinned``) host tensor copied with ``.copy_(..., non_blocking=...)``,
+    synchronised; with ``device_to_device``, a copy between two tensors on the card (its own
+    memory; ``bandwidth`` counts each byte once, though the card reads and writes it). Without CUDA there is no device link to measure: it
+    times the same copy host→host (``kind`` says ``"host→host"``); ``pinned`` is then refused,
+    since pinning needs CUDA. ``nbytes`` is rounded down to whole float32 elements (4 bytes).
+    The first of ``repeats + 1`` runs is dropped (it pays page faults); ``seconds`` is the median
+    of the others, or with ``fastest`` the fastest of them (steadier on a busy machine, where a
+    run may wait for a descheduled thread).
     """
     import torch
 
     n = nbytes // 4
     times = []
-    if dev.is_cuda:
+    if dev.is_cuda and device_to_device:
+        src = torch.ones(n, dtype=torch.float32, device=dev.device)
+        dst = torch.empty_like(src)
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize(dev.device)
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            torch.cuda.synchronize(dev.device)
+            times.append(time.perf_counter() - t0)
+        kind = f"{dev.device}→{dev.device}"
+        del src, dst
+    elif dev.is_cuda:
         src = torch.empty(n, dtype=torch.float32, pin_memory=pinned)
         src.fill_(1.0)
         dst = torch.empty(n, dtype=torch.float32, device=dev.device)
@@ -82,7 +109,7 @@ def measure_copy(dev: Any, nbytes: int, *, pinned: bool = False, non_blocking: b
             times.append(time.perf_counter() - t0)
         kind = "host→host (no CUDA device)"
     times = sorted(times[1:])  # the first run pays page faults
-    return CopyResult(kind=kind, nbytes=n * 4, seconds=times[len(times) // 2])
+    return CopyResult(kind=kind, nbytes=n * 4, seconds=times[0] if fastest else times[len(times) // 2])
 
 
 class _HostBox:
@@ -206,3 +233,87 @@ def padding_stats(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> P
         max_len = max(max_len, m)
         max_tokens = max(max_tokens, m * len(b))
     return PaddingStats(real=real, padding=padded - real, padded=padded, max_len=max_len, max_batch_tokens=max_tokens)
+
+
+# ---------------------------------------------------------------------- the page cache and swap
+
+_libc: Any = None
+
+
+def _mincore() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_long]
+        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return _libc
+
+
+def page_cache_fraction(path: str) -> Optional[float]:
+    """The fraction (0 to 1) of ``path``'s pages that are in the page cache (in RAM) now.
+
+    It maps the file read-only and asks the kernel with ``mincore(2)``; mapping touches no
+    page, so the answer is what a read would find. ``None`` where that cannot be asked (not
+    Linux, or the call fails). An empty file has no page to read: 1.0.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    size = os.path.getsize(path)
+    if size == 0:
+        return 1.0
+    try:
+        libc = _mincore()
+    except OSError:
+        return None
+    page = mmap.PAGESIZE
+    pages = (size + page - 1) // page
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            if libc.mincore(addr, size, vec) != 0:
+                return None
+            resident = sum(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return resident / pages
+
+
+@dataclass(frozen=True)
+class SwapArea:
+    """One swap area of ``/proc/swaps``: ``kind`` is ``"file"`` or ``"partition"``; sizes in bytes."""
+
+    filename: str
+    kind: str
+    size: int
+    used: int
+    priority: int
+
+
+def read_swaps(path: str = "/proc/swaps") -> list[SwapArea]:
+    """The swap areas the kernel uses now, from ``/proc/swaps`` (read only; KiB there, bytes here).
+
+    An empty list means no swap is configured (or the file does not exist: not Linux).
+    """
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    areas = []
+    for line in lines[1:]:  # the first line is the header
+        parts = line.split()
+        if len(parts) < 5:
+            continue
+        name, kind, size, used, prio = parts[:5]
+        areas.append(SwapArea(filename=name.replace("\\040", " "), kind=kind, size=int(size) * 1024,
+                              used=int(used) * 1024, priority=int(prio)))
+    return areas
