@@ -62,3 +62,11 @@ def test_readme_badge_opens_the_first_notebook():
     m = re.search(r"\(https://mybinder\.org/v2/gh/[^)]+\)", readme)
     assert m and "labpath=notebooks%2F00_start_here.ipynb" in m.group(0)
     assert (ROOT / "notebooks" / "00_start_here.ipynb").exists()
+
+
+def test_the_portuguese_readme_badge_opens_the_portuguese_first_notebook():
+    readme = (ROOT / "README.pt-BR.md").read_text()
+    m = re.search(r"\(https://mybinder\.org/v2/gh/[^)]+\)", readme)
+    assert m and "labpath=notebooks%2Fpt-BR%2F00_start_here.ipynb" in m.group(0)
+    assert (ROOT / "notebooks" / "pt-BR" / "00_start_here.ipynb").exists()
+    assert "README.pt-BR.md" in (ROOT / "README.md").read_text()  # linked from the top of the English one

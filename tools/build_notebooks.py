@@ -2,12 +2,18 @@
 
     python tools/build_notebooks.py              # every source in tools/notebooks/
     python tools/build_notebooks.py 00_start_here
+    python tools/build_notebooks.py --lang pt-BR 00_start_here   # the Brazilian Portuguese edition
 
 A source is a Python file in jupytext's percent format: cells start with ``# %%`` (code)
 or ``# %% [markdown]`` (markdown; each line starts with ``# ``), and a cell may carry
 metadata such as ``# %% tags=["raises-exception"]``. The notebook is written to
 ``notebooks/<name>.ipynb``, executed top to bottom in a fresh kernel, and saved with its
 outputs, as the workbook is committed.
+
+``--lang pt-BR`` builds the same source with its markdown cells taken from the lesson's gettext
+catalog, ``tools/notebooks/pt-BR/<name>.po`` (``tools/i18n.py``), into
+``notebooks/pt-BR/<name>.ipynb``, executed there. The code cells are the English edition's. A
+missing or stale (fuzzy) translation stops the build, listing the cells.
 """
 
 from __future__ import annotations
@@ -34,14 +40,21 @@ def parse(text: str) -> nbformat.NotebookNode:
     return nb
 
 
-def build(name: str, timeout: int = 600) -> float:
+def build(name: str, timeout: int = 600, lang: str = "en") -> float:
     nb = parse((SRC / f"{name}.py").read_text())
-    OUT.mkdir(exist_ok=True)
+    out = OUT
+    if lang != "en":
+        sys.path.insert(0, str(ROOT / "tools"))
+        from i18n import translate
+
+        nb = translate(nb, lang, name)  # TranslationError: what is missing or stale
+        out = OUT / lang
+    out.mkdir(exist_ok=True)
     t0 = time.perf_counter()
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(OUT)}}).execute()
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(out)}}).execute()
     except Exception:
-        failed = ROOT / "artifacts" / f"{name}.failed.ipynb"
+        failed = ROOT / "artifacts" / f"{name}{'' if lang == 'en' else '.' + lang}.failed.ipynb"
         failed.parent.mkdir(exist_ok=True)
         nbformat.write(nb, failed)
         print(f"{name}: FAILED; the partly executed notebook is in {failed.relative_to(ROOT)}")
@@ -49,15 +62,21 @@ def build(name: str, timeout: int = 600) -> float:
     dt = time.perf_counter() - t0
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{name[:2]}-{i:03d}"
-    nbformat.write(nb, OUT / f"{name}.ipynb")
+    nbformat.write(nb, out / f"{name}.ipynb")
     return dt
 
 
 def main(argv: list[str]) -> int:
+    lang = "en"
+    if argv[:1] == ["--lang"]:
+        if len(argv) < 2:
+            print("usage: python tools/build_notebooks.py [--lang pt-BR] [NAME ...]")
+            return 2
+        lang, argv = argv[1], argv[2:]
     names = argv or sorted(p.stem for p in SRC.glob("*.py"))
     for n in names:
-        dt = build(n)
-        print(f"{n}: executed in {dt:.1f} s")
+        dt = build(n, lang=lang)
+        print(f"{n}{'' if lang == 'en' else ' (' + lang + ')'}: executed in {dt:.1f} s")
     return 0
 
 

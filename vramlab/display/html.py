@@ -12,6 +12,7 @@ import datetime as _dt
 import html as _html
 from typing import Optional
 
+from ..i18n import tr_note
 from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
 from .text import oom_text
@@ -121,7 +122,7 @@ def snapshot_html(s: Snapshot) -> str:
     notes = ""
     if s.notes:
         notes = ('<div style="font-size:85%;opacity:0.8;margin-top:4px">'
-                 + "<br>".join("• " + _html.escape(n) for n in s.notes) + "</div>")
+                 + "<br>".join("• " + _html.escape(tr_note(n)) for n in s.notes) + "</div>")
     return (f'<div class="vramlab-snapshot" style="font-family:var(--jp-ui-font-family,sans-serif);color:inherit">'
             f'<div style="font-size:90%;opacity:0.8">vramlab snapshot {when}</div>'
             f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table>'

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Optional
 
+from ..i18n import tr, tr_note
 from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, FreedReport, History, OOMExplanation, Snapshot
 from ..units import format_bytes
 
@@ -103,11 +104,11 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
             lines.append("  (torch has not used this device: no allocator figures)")
     if not s.devices:
         lines.append("")
-        lines.append("no accelerators")
+        lines.append(tr("no accelerators"))
     if s.notes:
         lines.append("")
-        lines.append("notes:")
-        lines.extend(f"  - {n}" for n in s.notes)
+        lines.append(tr("notes:"))
+        lines.extend(f"  - {tr_note(n)}" for n in s.notes)
     return "\n".join(lines)
 
 
@@ -193,27 +194,29 @@ def history_text(h: History, last: int = 20) -> str:
 
 def oom_text(e: OOMExplanation) -> str:
     """An OOM explanation as plain text: the figures, the largest consumers, what to try."""
-    lines = ["[vramlab] out of memory"]
+    lines = [tr("[vramlab] out of memory")]
+    labels = [tr("requested"), tr("free on the device"), tr("cached, unallocated"), tr("short by")]
+    w = max(21, *(len(x) + 1 for x in labels))
     if e.requested is not None:
-        lines.append(f"  requested            {format_bytes(e.requested)}")
+        lines.append(f"  {labels[0]:<{w}}{format_bytes(e.requested)}")
     if e.free is not None:
-        lines.append(f"  free on the device   {format_bytes(e.free)}"
-                     + (f" of {format_bytes(e.total)}" if e.total else ""))
+        lines.append(f"  {labels[1]:<{w}}{format_bytes(e.free)}"
+                     + (tr(" of {total}", total=format_bytes(e.total)) if e.total else ""))
     if e.reserved_unallocated is not None:
-        lines.append(f"  cached, unallocated  {format_bytes(e.reserved_unallocated)} (reserved by torch in split blocks, "
-                     "none large enough: not usable for this request)")
+        lines.append(f"  {labels[2]:<{w}}{format_bytes(e.reserved_unallocated)} "
+                     + tr("(reserved by torch in split blocks, none large enough: not usable for this request)"))
     if e.shortfall is not None:
-        lines.append(f"  short by             {format_bytes(e.shortfall)}")
+        lines.append(f"  {labels[3]:<{w}}{format_bytes(e.shortfall)}")
     if e.fragmentation_is_cause:
-        lines.append("  fragmentation is the cause: free memory and the cache together would hold the request")
+        lines.append("  " + tr("fragmentation is the cause: free memory and the cache together would hold the request"))
     if e.consumers:
-        lines.append("  largest live consumers:")
+        lines.append("  " + tr("largest live consumers:"))
         for name, n, where in e.consumers:
             lines.append(f"    {name:<24}{format_bytes(n):>12}  {where}")
     if e.suggestions:
-        lines.append("  what to try, most effective first:")
+        lines.append("  " + tr("what to try, most effective first:"))
         lines.extend(f"    {i}. {s}" for i, s in enumerate(e.suggestions, 1))
-    lines.append("  then run %vram free to release what the traceback keeps alive")
+    lines.append("  " + tr("then run %vram free to release what the traceback keeps alive"))
     return "\n".join(lines)
 
 

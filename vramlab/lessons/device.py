@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from ..i18n import tr
+
 __all__ = ["LessonDevice", "Measurement", "pick_device"]
 
 # bytes: a card at least this big runs lessons at their large size. An A100-40GB reports
@@ -154,19 +156,20 @@ class LessonDevice:
         from ..units import format_bytes
 
         if self.is_cuda:
-            return (f"CUDA device {self.device}: {self.name}, {format_bytes(self.capacity)}. "
-                    "Figures are the real allocator's (torch.cuda.memory_allocated / max_memory_allocated)"
-                    + (", lessons use their large sizes." if self.large else "."))
+            return tr("CUDA device {device}: {name}, {capacity}. Figures are the real allocator's "
+                      "(torch.cuda.memory_allocated / max_memory_allocated){size}",
+                      device=self.device, name=self.name, capacity=format_bytes(self.capacity),
+                      size=tr(", lessons use their large sizes.") if self.large else ".")
         ctx = self.virtual.context_overhead
-        ctx_text = (f"{format_bytes(ctx)} of it is set aside as a modelled CUDA context; " if ctx
-                    else "no CUDA context is modelled; ")
-        what = (f"a virtual {self.name} ({format_bytes(self.capacity)})" if self.virtual.preset
-                else f"a virtual GPU of {format_bytes(self.capacity)}")
-        return (f"No CUDA GPU here: {what} on the CPU. "
-                "It counts every tensor storage exactly and raises torch.OutOfMemoryError at its capacity, "
-                "so memory figures are what a card would allocate for these tensors (rounded to 512-byte "
-                f"blocks like CUDA's allocator); {ctx_text}the allocator's cache and cuBLAS workspaces are "
-                "not modelled, and timings are the CPU's, not a GPU's.")
+        ctx_text = (tr("{context} of it is set aside as a modelled CUDA context; ", context=format_bytes(ctx)) if ctx
+                    else tr("no CUDA context is modelled; "))
+        what = (tr("a virtual {name} ({capacity})", name=self.name, capacity=format_bytes(self.capacity))
+                if self.virtual.preset else tr("a virtual GPU of {capacity}", capacity=format_bytes(self.capacity)))
+        return tr("No CUDA GPU here: {what} on the CPU. "
+                  "It counts every tensor storage exactly and raises torch.OutOfMemoryError at its capacity, "
+                  "so memory figures are what a card would allocate for these tensors (rounded to 512-byte "
+                  "blocks like CUDA's allocator); {context}the allocator's cache and cuBLAS workspaces are "
+                  "not modelled, and timings are the CPU's, not a GPU's.", what=what, context=ctx_text)
 
     def __repr__(self) -> str:
         return self.describe()

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
 
+from ..i18n import tr
+
 __all__ = ["guess", "given"]
 
 
 def guess(prediction: Any, fmt: Union[str, Callable[[Any], str]] = "{}", *,
-          none: str = "no prediction given") -> str:
+          none: Optional[str] = None) -> str:
     """``"predicted <prediction>"`` for a print, or ``none`` when the prediction cell was left ``None``.
 
-    ``fmt`` is a format string (``"{:.1f}x"``) or a function of the prediction.
+    ``fmt`` is a format string (``"{:.1f}x"``) or a function of the prediction. The words are
+    in the learner's language (:func:`vramlab.i18n.lang`).
 
     >>> guess(None)
     'no prediction given'
@@ -23,9 +26,9 @@ def guess(prediction: Any, fmt: Union[str, Callable[[Any], str]] = "{}", *,
     'predicted 2.5x'
     """
     if prediction is None:
-        return none
+        return tr("no prediction given") if none is None else none
     text = fmt(prediction) if callable(fmt) else fmt.format(prediction)
-    return f"predicted {text}"
+    return tr("predicted {text}", text=text)
 
 
 def given(prediction: Optional[Any]) -> bool:

@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any, Optional
 
+from ..i18n import tr
 from ..model import FreedReport, OOMExplanation
 from ..reconcile import snapshot
 from ..units import format_bytes, parse_size
@@ -188,21 +189,22 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
                 fit_bs = bs - 1
         if fit_bs is not None:
             per = need / bs
-            suggestions.append(
-                f"batch size {bs} -> at most {fit_bs}: the cell wanted at least {format_bytes(need)} "
-                f"({format_bytes(per)} per sample) and {format_bytes(budget)} was available to it")
+            suggestions.append(tr(
+                "batch size {bs} -> at most {fit}: the cell wanted at least {need} ({per} per sample) "
+                "and {budget} was available to it", bs=bs, fit=fit_bs, need=format_bytes(need),
+                per=format_bytes(per), budget=format_bytes(budget)))
     elif requested is not None and free is not None and requested > 0:
-        suggestions.append(f"shrink what this step holds at once (the batch) to at most "
-                           f"{100.0 * free / requested:.0f}% of the failed request's size")
+        suggestions.append(tr("shrink what this step holds at once (the batch) to at most {pct}% of the failed "
+                              "request's size", pct=f"{100.0 * free / requested:.0f}"))
     if frag and requested and (frag_cause or frag >= 0.5 * requested):
         # when free memory and the cache together could hold the request, fragmentation is the cause
         at = 0 if frag_cause else len(suggestions)
-        suggestions.insert(at, f"{format_bytes(frag)} is cached but fragmented: set "
-                           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts, "
-                           "or call torch.cuda.empty_cache() between phases")
-    suggestions.append("mixed precision (torch.autocast with bf16/fp16) halves activation bytes")
-    suggestions.append("gradient checkpointing (torch.utils.checkpoint) trades recompute for activations")
-    suggestions.append("offload activations (torch.autograd.graph.save_on_cpu) or optimizer state to host RAM")
+        suggestions.insert(at, tr("{cached} is cached but fragmented: set "
+                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts, "
+                                  "or call torch.cuda.empty_cache() between phases", cached=format_bytes(frag)))
+    suggestions.append(tr("mixed precision (torch.autocast with bf16/fp16) halves activation bytes"))
+    suggestions.append(tr("gradient checkpointing (torch.utils.checkpoint) trades recompute for activations"))
+    suggestions.append(tr("offload activations (torch.autograd.graph.save_on_cpu) or optimizer state to host RAM"))
     return OOMExplanation(message=msg, requested=requested, total=f["total"], free=free, reserved_unallocated=frag,
                           torch_allocated=f["torch_allocated"], shortfall=shortfall, consumers=consumers,
                           fragmentation_is_cause=frag_cause,

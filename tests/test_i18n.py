@@ -1,0 +1,129 @@
+"""vramlab.i18n: which language vramlab speaks, and the runtime catalog behind it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polib
+import pytest
+
+from vramlab import i18n
+from vramlab.i18n import lang, set_lang, tr, tr_note
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOGS = sorted((ROOT / "vramlab" / "locale").glob("*/LC_MESSAGES/vramlab.po"))
+sys.path.insert(0, str(ROOT / "tools"))
+from extract_runtime_strings import tr_strings  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch, tmp_path):
+    for k in ("VRAMLAB_LANG", "JPY_SESSION_NAME"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(tmp_path)
+    set_lang(None)
+    yield
+    set_lang(None)
+
+
+def test_english_by_default():
+    assert lang() == "en"
+    assert tr("no prediction given") == "no prediction given"
+    assert tr("predicted {text}", text="x2") == "predicted x2"
+
+
+def test_set_lang_wins_and_rejects_what_vramlab_does_not_speak(monkeypatch):
+    monkeypatch.setenv("VRAMLAB_LANG", "en")
+    set_lang("pt_BR")
+    assert lang() == "pt-BR"
+    with pytest.raises(ValueError, match="pt-BR"):
+        set_lang("fr")
+    set_lang(None)
+    assert lang() == "en"
+
+
+def test_the_environment_variable(monkeypatch):
+    monkeypatch.setenv("VRAMLAB_LANG", "pt-BR")
+    assert lang() == "pt-BR" and tr("no prediction given") == "nenhum palpite dado"
+    monkeypatch.setenv("VRAMLAB_LANG", "klingon")  # not a language vramlab speaks: the next rule decides
+    assert lang() == "en"
+
+
+def test_the_notebook_path_jupyter_gives_the_kernel(monkeypatch):
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/course/notebooks/pt-BR/01_gpu_basics.ipynb")
+    assert lang() == "pt-BR"
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/course/notebooks/01_gpu_basics.ipynb")
+    assert lang() == "en"
+
+
+def test_the_kernel_started_in_the_portuguese_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "notebooks" / "pt-BR"
+    folder.mkdir(parents=True)
+    monkeypatch.chdir(folder)
+    assert lang() == "pt-BR"
+
+
+def test_a_message_the_catalog_lacks_comes_back_in_english():
+    set_lang("pt-BR")
+    assert tr("a sentence no catalog has, {n}", n=3) == "a sentence no catalog has, 3"
+
+
+@pytest.mark.parametrize("po_path", CATALOGS, ids=lambda p: p.parent.parent.name)
+def test_every_runtime_string_is_translated_with_its_fields(po_path):
+    po = {e.msgid: e for e in polib.pofile(str(po_path))}
+    for msgid in tr_strings():
+        assert msgid in po, f"{po_path.parent.parent.name} lacks {msgid!r} (python tools/extract_runtime_strings.py --update)"
+        e = po[msgid]
+        assert e.msgstr.strip() and "fuzzy" not in e.flags, msgid
+        assert sorted(re.findall(r"{\w*}", e.msgstr)) == sorted(re.findall(r"{\w*}", msgid)), msgid
+
+
+@pytest.mark.parametrize("po_path", CATALOGS, ids=lambda p: p.parent.parent.name)
+def test_the_compiled_catalog_is_the_catalog(po_path):
+    mo = po_path.with_suffix(".mo")
+    assert mo.exists(), "python tools/i18n.py compile"
+    want = {e.msgid: e.msgstr for e in polib.pofile(str(po_path)) if e.msgid and not e.obsolete}
+    have = {e.msgid: e.msgstr for e in polib.mofile(str(mo)) if e.msgid}
+    assert have == want, "the .mo is older than its .po: python tools/i18n.py compile"
+
+
+def test_notes_are_translated_prefix_and_detail():
+    set_lang("pt-BR")
+    assert tr_note("NVML unavailable: no NVML library (no NVIDIA driver installed)") == \
+        "NVML indisponível: sem a biblioteca NVML (nenhum driver NVIDIA instalado)"
+    assert tr_note("NVML unavailable: some driver text") == "NVML indisponível: some driver text"
+    set_lang("en")
+    assert tr_note("NVML unavailable: x") == "NVML unavailable: x"
+
+
+def _run(code: str, **env: str) -> str:
+    e = {k: v for k, v in os.environ.items() if k not in ("VRAMLAB_LANG", "JPY_SESSION_NAME")}
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=e,
+                          cwd=ROOT).stdout
+
+
+def test_a_snapshot_speaks_portuguese_in_a_fresh_process():
+    code = "import vramlab; print(vramlab.snapshot()._repr_mimebundle_()['text/plain'])"
+    pt = _run(code, VRAMLAB_LANG="pt-BR")
+    en = _run(code)
+    assert "notas:" in pt and "o torch não foi importado" in pt  # torch is not imported in that process
+    assert "notes:" in en and "torch is not imported" in en
+    assert re.findall(r"\d+\.\d\d [KMG]iB", pt)[:3] and "GiB" in pt  # numbers and units are not translated
+
+
+def test_oom_advice_in_portuguese():
+    from vramlab.runtime.oom import explain_oom
+
+    set_lang("pt-BR")
+    msg = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.00 GiB of which "
+           "1.00 GiB is free. Of the allocated memory 12.00 GiB is allocated by PyTorch, and 1.50 GiB is "
+           "reserved by PyTorch but unallocated.")
+    text = explain_oom(RuntimeError(msg), {"batch_size": 64}).text()
+    assert "[vramlab] falta de memória" in text and "precisão mista" in text and "2.00 GiB" in text
+    assert "expandable_segments:True" in text and "fragmentação" in text
+    assert "%vram free" in text

@@ -1,0 +1,112 @@
+"""The Portuguese edition of the workbook: one source per lesson, code cells shared byte for byte,
+every markdown cell translated and none stale (tools/i18n.py, gettext catalogs read with polib)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import polib
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "tools" / "notebooks").glob("*.py"))
+LANGS = ["pt-BR"]
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"_tools_{name}", ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+i18n = _tool("i18n")
+build = _tool("build_notebooks")
+CASES = [(lang, src.stem) for lang in LANGS for src in SOURCES]
+
+
+@pytest.mark.parametrize("lang,name", CASES, ids=[f"{lang}-{n}" for lang, n in CASES])
+def test_every_cell_is_translated_and_none_is_stale(lang, name):
+    found = i18n.problems(lang, name)
+    assert not found, found.text() + "\n(python tools/i18n.py update, translate, then rebuild)"
+
+
+@pytest.mark.parametrize("lang,name", CASES, ids=[f"{lang}-{n}" for lang, n in CASES])
+def test_committed_edition_is_the_source_translated_and_executed(lang, name):
+    want = i18n.translate(build.parse((ROOT / "tools" / "notebooks" / f"{name}.py").read_text()), lang, name)
+    path = ROOT / "notebooks" / lang / f"{name}.ipynb"
+    assert path.exists(), f"python tools/build_notebooks.py --lang {lang} {name}"
+    nb = nbformat.read(path, as_version=4)
+    assert [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in want.cells], \
+        f"notebooks/{lang}/{name}.ipynb is not its source and catalog: rebuild it"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count is not None for c in code), "committed without running every cell"
+
+
+@pytest.mark.parametrize("lang,name", CASES, ids=[f"{lang}-{n}" for lang, n in CASES])
+def test_code_cells_are_the_english_editions(lang, name):
+    en = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    tr = nbformat.read(ROOT / "notebooks" / lang / f"{name}.ipynb", as_version=4)
+    assert [c.cell_type for c in tr.cells] == [c.cell_type for c in en.cells]  # cell for cell
+    assert [c.source for c in tr.cells if c.cell_type == "code"] == [c.source for c in en.cells if c.cell_type == "code"]
+    prose = [(a.source, b.source) for a, b in zip(en.cells, tr.cells) if a.cell_type == "markdown"]
+    assert all(a != b for a, b in prose), "a markdown cell was left in English"
+
+
+def test_no_edition_has_a_notebook_without_a_source():
+    for lang in LANGS:
+        assert sorted(p.stem for p in (ROOT / "notebooks" / lang).glob("*.ipynb")) == [p.stem for p in SOURCES]
+        assert sorted(p.stem for p in (ROOT / "tools" / "notebooks" / lang).glob("*.po")) == [p.stem for p in SOURCES]
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """A copy of one lesson's source and catalog, for the tools to change."""
+    src = tmp_path / "tools" / "notebooks"
+    (src / "pt-BR").mkdir(parents=True)
+    shutil.copy(ROOT / "tools" / "notebooks" / "09_fine_tuning_a_7b_model.py", src)
+    shutil.copy(ROOT / "tools" / "notebooks" / "pt-BR" / "09_fine_tuning_a_7b_model.po", src / "pt-BR")
+    monkeypatch.setattr(i18n, "SRC", src)
+    return src / "09_fine_tuning_a_7b_model.py"
+
+
+def test_a_changed_english_cell_makes_its_translation_stale_and_the_build_refuses(scratch):
+    name = scratch.stem
+    assert not i18n.problems("pt-BR", name)
+    text = scratch.read_text()
+    old = "# Lesson 08 checked `vramlab.estimate` against a measured step"
+    assert old in text
+    scratch.write_text(text.replace(old, "# Lesson 08 checked `vramlab.estimate` against one measured step"))
+    found = i18n.problems("pt-BR", name)
+    assert len(found.missing) == 1 and "09 ·" in found.missing[0]  # the English cell has no translation now
+    nb = build.parse(scratch.read_text())
+    with pytest.raises(i18n.TranslationError, match="1 missing"):
+        i18n.translate(nb, "pt-BR", name)
+    # update carries the old translation over, marked fuzzy (stale), with the previous English text
+    i18n.update_catalog("pt-BR", name)
+    found = i18n.problems("pt-BR", name)
+    assert not found.missing and len(found.fuzzy) == 1
+    entry = next(e for e in polib.pofile(str(i18n.catalog_path("pt-BR", name))) if "fuzzy" in e.flags)
+    assert old.lstrip("# ") in entry.previous_msgid and "09 ·" in entry.msgstr
+    with pytest.raises(i18n.TranslationError, match="1 stale"):
+        i18n.translate(build.parse(scratch.read_text()), "pt-BR", name)
+    # a translator checks it and removes the flag: the build goes through
+    po = polib.pofile(str(i18n.catalog_path("pt-BR", name)))
+    for e in po:
+        e.flags = [f for f in e.flags if f != "fuzzy"]
+    po.save()
+    assert not i18n.problems("pt-BR", name)
+    i18n.translate(build.parse(scratch.read_text()), "pt-BR", name)
+
+
+def test_a_new_english_cell_is_missing(scratch):
+    scratch.write_text(scratch.read_text() + "\n# %% [markdown]\n# A new paragraph.\n")
+    found = i18n.problems("pt-BR", scratch.stem)
+    assert found.missing == ["A new paragraph."]
+    i18n.update_catalog("pt-BR", scratch.stem)
+    assert i18n.problems("pt-BR", scratch.stem).missing == ["A new paragraph."]  # empty entry, still missing
