@@ -80,3 +80,118 @@ def test_console_script_entry_point():
     from vramlab.cli import main
 
     assert main(["--version"]) == 0
+
+
+# --------------------------------------------------------------------------- --prometheus
+
+def _prom(text):
+    """{(metric, layer or device): value} and the label sets, parsed by prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def _sim_env():
+    """The simulated NVIDIA driver (two 80 GiB GPUs) as the child's pynvml."""
+    import driver_scenarios as sc
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(sc.SIM_DIR), str(sc.ROOT)])
+    env["VRAMLAB_NVML_SIM"] = json.dumps(sc.two_gpus())
+    return env
+
+
+def test_prometheus_to_stdout_parses_and_the_layers_add_up():
+    p = subprocess.Popen([sys.executable, "-m", "vramlab", "--prometheus"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_sim_env(),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and err == "", err
+    samples = _prom(out)
+    assert {s.labels["pid"] for s in samples} == {str(p.pid)}  # the process whose snapshot it is
+    totals = {s.labels["device"]: s.value for s in samples if s.name == "vramlab_device_total_bytes"}
+    assert totals == {"cuda:0": 80 * (1 << 30), "cuda:1": 80 * (1 << 30)}  # the simulated cards
+    for dev, total in totals.items():
+        assert sum(s.value for s in samples if s.name == "vramlab_device_layer_bytes"
+                   and s.labels["device"] == dev) == total
+    [limit] = [s.value for s in samples if s.name == "vramlab_host_limit_bytes"]
+    assert sum(s.value for s in samples if s.name == "vramlab_host_layer_bytes") == limit > 0
+
+
+def test_prometheus_file_is_written_with_nothing_printed(tmp_path):
+    path = tmp_path / "vramlab.prom"
+    r = cli("--prometheus", str(path), "--prometheus-label", "slurm_job_id=42")
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stderr
+    samples = _prom(path.read_text())
+    assert any(s.name == "vramlab_host_layer_bytes" for s in samples)
+    assert all(s.labels["slurm_job_id"] == "42" for s in samples)
+    assert os.listdir(tmp_path) == ["vramlab.prom"]
+
+
+def test_prometheus_bad_usage_is_one_message_and_status_2():
+    for args, says in ((["--prometheus", "--json"], "not allowed with"),
+                       (["--prometheus-label", "a=b"], "only with --prometheus"),
+                       (["--prometheus", "--prometheus-label", "novalue"], "expected KEY=VALUE"),
+                       (["--prometheus", "--prometheus-label", "pid=1"], "set by vramlab itself")):
+        r = cli(*args)
+        assert r.returncode == 2, args
+        assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_prometheus_unwritable_file_is_one_line_and_status_1(tmp_path):
+    r = cli("--prometheus", str(tmp_path / "no" / "such" / "dir.prom"))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "cannot write" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_prometheus_file_not_named_prom_gets_a_note(tmp_path):
+    r = cli("--prometheus", str(tmp_path / "vramlab.txt"))
+    assert r.returncode == 0 and "*.prom" in r.stderr
+    assert _prom((tmp_path / "vramlab.txt").read_text())
+
+
+def test_without_prometheus_client_one_line_says_what_to_install_and_status_2(tmp_path):
+    path = tmp_path / "vramlab.prom"
+    code = ("import runpy, sys\n"
+            "sys.modules['prometheus_client'] = None\n"  # import prometheus_client raises ImportError
+            f"sys.argv = ['vramlab', '--prometheus', {str(path)!r}]\n"
+            "runpy.run_module('vramlab', run_name='__main__', alter_sys=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "needs prometheus_client" in lines[0] and "pip install 'vramlab[prometheus]'" in lines[0]
+    assert r.stdout == "" and not path.exists()
+
+
+def test_watch_rewrites_the_prometheus_file_and_stops_cleanly_on_sigterm(tmp_path):
+    from waiting import wait_for
+
+    path = tmp_path / "vramlab.prom"
+
+    def stamp():
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        return [s.value for s in _prom(text) if s.name == "vramlab_snapshot_timestamp_seconds"][0]
+
+    # in the background of a non-interactive shell: SIGINT ignored, SIGTERM is how it stops
+    p = subprocess.Popen([sys.executable, "-m", "vramlab", "--prometheus", str(path), "--watch", "0.2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert wait_for(lambda: stamp() is not None, timeout=60), p.stderr.read() if p.poll() is not None else ""
+        first = stamp()
+        assert wait_for(lambda: stamp() != first, timeout=60)  # rewritten: a later snapshot
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "Traceback" not in err and out == ""
+    assert os.listdir(tmp_path) == ["vramlab.prom"]  # no temporary file left behind
+    assert stamp() >= first

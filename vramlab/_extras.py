@@ -20,7 +20,10 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["MissingExtra", "require_torch", "require_matplotlib", "TORCH_FEATURES", "MIN_TORCH", "torch_gaps"]
+__all__ = [
+    "MissingExtra", "require_torch", "require_matplotlib", "require_prometheus_client", "TORCH_FEATURES", "MIN_TORCH",
+    "torch_gaps",
+]
 
 #: The oldest torch whose APIs the simulator and the lessons use (see :data:`TORCH_FEATURES`).
 MIN_TORCH = "2.5"
@@ -101,3 +104,18 @@ def require_matplotlib(feature: str) -> ModuleType:
             f"{feature} needs matplotlib, which is not installed: pip install 'vramlab[plot]' "
             "(the rest of vramlab works without it)", name="matplotlib") from None
     return matplotlib
+
+
+def require_prometheus_client(feature: str) -> ModuleType:
+    """Import prometheus_client for ``feature`` (e.g. ``"python -m vramlab --prometheus"``) and return it.
+
+    Raises:
+        MissingExtra: prometheus_client is not installed.
+    """
+    try:
+        import prometheus_client
+    except ImportError:
+        raise MissingExtra(
+            f"{feature} needs prometheus_client, which is not installed: pip install 'vramlab[prometheus]' "
+            "(the rest of vramlab works without it)", name="prometheus_client") from None
+    return prometheus_client

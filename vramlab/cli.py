@@ -3,23 +3,37 @@
     python -m vramlab              # the text table
     python -m vramlab --json       # the dict, as JSON
     python -m vramlab --watch 1    # refresh every second until Ctrl-C (or SIGTERM)
+    python -m vramlab --prometheus                # Prometheus' text format, to stdout
+    python -m vramlab --prometheus FILE --watch 15  # rewrite FILE (atomically) every 15 s
 
 ``--watch`` stops cleanly, with exit status 0, on Ctrl-C (SIGINT) and on SIGTERM: SIGTERM
 is what ``timeout``, ``kill``, ``docker stop`` and systemd send, and the only way to stop
 a watch started in the background of a non-interactive shell, where SIGINT is ignored.
+
+``--prometheus FILE`` is for node_exporter's textfile collector (:mod:`vramlab.exposition`,
+``docs/prometheus.md``): each write goes to a temporary file beside FILE that is renamed
+over it, with SIGINT and SIGTERM held back until the rename is done, so the collector never
+reads half a file and a stopped watch leaves no temporary file behind. It prints nothing
+and opens no port. ``--prometheus-label KEY=VALUE`` (repeatable) adds a label to every
+series, e.g. the Slurm job's id. It needs prometheus_client (``pip install
+'vramlab[prometheus]'``); without it the CLI prints one line saying so and exits with 2.
+A file that cannot be written is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
+from ._extras import MissingExtra, require_prometheus_client
 from ._version import __version__
 from .display.text import snapshot_text
+from .exposition import check_labels, exposition_text, write_textfile
 from .reconcile import snapshot
 
 __all__ = ["main"]
@@ -39,46 +53,122 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(prog="python -m vramlab",
                                 description="GPU memory (NVML and the torch allocator), host RAM and swap, reconciled.")
-    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    fmt.add_argument("--prometheus", nargs="?", const="-", metavar="FILE",
+                     help="write Prometheus' text format (node_exporter's textfile collector) atomically to FILE, "
+                          "or to stdout without FILE; needs pip install 'vramlab[prometheus]'")
     p.add_argument("--watch", type=_positive_float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C or SIGTERM")
+    p.add_argument("--prometheus-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --prometheus: add this label to every series (repeatable)")
     p.add_argument("--uss", action="store_true", help="also read this process's USS (slower)")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     return p
 
 
-def _render(as_json: bool, uss: bool) -> str:
-    snap = snapshot(uss=uss)
-    return json.dumps(snap.to_dict()) if as_json else snapshot_text(snap)
+def _parse_labels(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"argument --prometheus-label: expected KEY=VALUE, got {item!r}")
+        labels[key] = value
+    try:
+        return check_labels(labels)
+    except ValueError as e:
+        parser.error(f"argument --prometheus-label: {e}")
+    raise AssertionError("unreachable")  # parser.error exits
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while a file is written and renamed (POSIX; elsewhere a no-op).
+
+    A signal that arrives meanwhile is delivered when the block ends, so the watch stops
+    after the rename, never between the temporary file and it.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Output:
+    """One refresh of the chosen output: a string to print, or a file written (returns None)."""
+
+    def __init__(self, args: argparse.Namespace, labels: dict[str, str]) -> None:
+        self.args = args
+        self.labels = labels
+        self.path: Optional[str] = args.prometheus if args.prometheus not in (None, "-") else None
+
+    def __call__(self) -> Optional[str]:
+        snap = snapshot(uss=self.args.uss)
+        if self.path is not None:
+            with _signals_held():
+                write_textfile(self.path, snap, labels=self.labels)
+            return None
+        if self.args.prometheus is not None:
+            return exposition_text(snap, labels=self.labels).rstrip("\n")
+        return json.dumps(snap.to_dict()) if self.args.json else snapshot_text(snap)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.version:
         print(__version__)
         return 0
-    if args.watch is None:
+    labels: dict[str, str] = {}
+    if args.prometheus_label and args.prometheus is None:
+        parser.error("argument --prometheus-label: only with --prometheus")
+    if args.prometheus is not None:
+        labels = _parse_labels(parser, args.prometheus_label)
         try:
-            print(_render(args.json, args.uss))
-        except BrokenPipeError:
-            pass
+            require_prometheus_client("python -m vramlab --prometheus")
+        except MissingExtra as e:
+            print(f"{parser.prog}: {e}", file=sys.stderr)
+            return 2
+    render = _Output(args, labels)
+    if render.path is not None and not render.path.endswith(".prom"):
+        print(f"{parser.prog}: note: node_exporter's textfile collector reads only files named *.prom", file=sys.stderr)
+    try:
+        return _run(render, args)
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):
+            return 0
+        target = repr(render.path) if render.path is not None else "to stdout"
+        print(f"{parser.prog}: cannot write {target}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+def _run(render: _Output, args: argparse.Namespace) -> int:
+    if args.watch is None:
+        out = render()
+        if out is not None:
+            print(out)
         return 0
     previous = signal.signal(signal.SIGTERM, _terminated)
+    printed = False
     try:
         tty = sys.stdout.isatty() and not args.json
         while True:
-            out = _render(args.json, args.uss)
-            if tty:
-                sys.stdout.write("\x1b[H\x1b[2J" + out + "\n")
-            else:
-                sys.stdout.write(out + "\n")
-            sys.stdout.flush()
+            out = render()
+            if out is not None:
+                if tty:
+                    sys.stdout.write("\x1b[H\x1b[2J" + out + "\n")
+                else:
+                    sys.stdout.write(out + "\n")
+                sys.stdout.flush()
+                printed = True
             time.sleep(args.watch)
     except (KeyboardInterrupt, _Terminated):
-        if sys.stdout.isatty():
+        if printed and sys.stdout.isatty():
             sys.stdout.write("\n")
-        return 0
-    except BrokenPipeError:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
