@@ -43,6 +43,7 @@ __all__ = [
     "GPU_PRESETS",
     "sim",
     "lessons",
+    "distributed",
     "format_bytes",
     "parse_size",
     "load_ipython_extension",
@@ -72,7 +73,7 @@ _LAZY = {
     "find_max_batch_size": ("sim.batch_finder", "find_max_batch_size"),
     "GPU_PRESETS": ("sim.presets", "GPU_PRESETS"),
 }
-_SUBPACKAGES = ("sim", "lessons")
+_SUBPACKAGES = ("sim", "lessons", "distributed")
 #: lazy names that need torch: asking for one without torch is one line saying what to install
 _NEEDS_TORCH = {"VirtualGPU", "estimate", "pick_device"}
 
