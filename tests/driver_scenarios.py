@@ -91,6 +91,36 @@ def mixed() -> dict[str, Any]:
     return machine(gpu(0, name="NVIDIA T4", total=15 * GiB, used=0), gpu(1))
 
 
+def with_child() -> dict[str, Any]:
+    """GPU 0: this process 3 GiB, a process it started 2 GiB (a ``torch.multiprocessing`` or
+    ``notebook_launcher`` worker), its parent 5 GiB. Read it with :data:`CHILD_CODE`."""
+    return machine(gpu(0, procs=[{"pid": "self", "mem": 3 * GiB}, {"pid": "child", "mem": 2 * GiB},
+                                 {"pid": "parent", "mem": 5 * GiB}], used=10 * GiB))
+
+
+def container_with_child() -> dict[str, Any]:
+    """NVML does not list this PID (a container) but lists a child it started, 2 GiB, by a PID seen here."""
+    return machine(gpu(0, procs=[{"pid": "hidden", "mem": 3 * GiB}, {"pid": "child", "mem": 2 * GiB}],
+                       used=5 * GiB))
+
+
+#: The snapshot of a process that has started one child (sleeping, killed after the reading);
+#: ``child_pid`` is added to the snapshot's dict.
+CHILD_CODE = """
+import json, os, signal, subprocess, sys, vramlab
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                         env={"PATH": os.environ.get("PATH", "")}, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+try:
+    d = vramlab.snapshot().to_dict()
+    d["child_pid"] = child.pid
+    print(json.dumps(d))
+finally:
+    child.kill()
+    child.wait()
+"""
+
+
 def run_snapshot(scenario: dict[str, Any], env: Optional[dict[str, str]] = None,
                  code: str = "import json, vramlab; print(json.dumps(vramlab.snapshot().to_dict()))") -> dict[str, Any]:
     """``vramlab.snapshot().to_dict()`` in a fresh process whose pynvml is the simulated driver."""

@@ -72,6 +72,26 @@ def test_container_with_torch_imported_says_the_same():
     assert layers(s["devices"][0])["unattributed"] == 8 * GiB
 
 
+@linux
+def test_a_child_process_is_this_kernels_child_not_another_process():
+    s = sc.run_snapshot(sc.with_child(), code=sc.CHILD_CODE)
+    assert s["child_pid"] in s["host"]["children_pids"] and s["host"]["children_count"] >= 1
+    d0 = s["devices"][0]
+    assert d0["children_used"] == 2 * GiB and d0["other_processes_used"] == 5 * GiB
+    assert (layers(d0)["context"], layers(d0)["children"], layers(d0)["other_processes"]) == (3 * GiB, 2 * GiB, 5 * GiB)
+    assert list(layers(d0)) == ["tensors", "torch_cache", "context", "children", "unattributed", "other_processes",
+                                "driver_reserved", "free"]
+    exact(d0)
+
+
+@linux
+def test_a_child_is_told_apart_even_when_this_pid_is_not_listed():
+    s = sc.run_snapshot(sc.container_with_child(), code=sc.CHILD_CODE)
+    d0 = s["devices"][0]
+    assert (layers(d0)["children"], layers(d0)["unattributed"], layers(d0)["other_processes"]) == (2 * GiB, 3 * GiB, 0)
+    exact(d0)
+
+
 def test_used_gpu_memory_not_available():
     s = sc.run_snapshot(sc.no_figure())
     d0 = s["devices"][0]

@@ -45,6 +45,7 @@ DEVICE_LAYERS: dict[str, str] = {
     "tensors": "tensors",
     "torch_cache": "torch cache",
     "context": "context & non-torch",
+    "children": "child processes",
     "unattributed": "unattributed",
     "other_processes": "other processes",
     "driver_reserved": "driver reserved",
@@ -54,6 +55,7 @@ DEVICE_LAYERS: dict[str, str] = {
 #: Host layer keys with their labels.
 HOST_LAYERS: dict[str, str] = {
     "process": "this process",
+    "children": "child processes",
     "others": "others",
     "out_of_reach": "out of reach",
     "available": "available",
@@ -102,6 +104,18 @@ class HostReading:
         swap_total, swap_used: swap space.
         swap_in, swap_out: cumulative bytes paged in from / out to swap since boot.
         peak_exact: whether ``process_peak`` is exact and resettable (Linux ``VmHWM``).
+        children_count: how many processes descend from this one (children, recursively:
+            DataLoader workers, ``torch.multiprocessing``, ``notebook_launcher`` workers),
+            zombies left out.
+        children_rss: their RSS, summed. Forked workers share pages with this process and
+            with each other (copy-on-write), and each RSS counts every shared page again, so
+            the sum over-counts what they add.
+        children_uss: their unique set sizes (pages no other process maps), summed: what
+            they add beyond this process. Only when asked for (costly), and ``None`` when
+            one of them could not be read.
+        children_pss: their proportional set sizes (each shared page split between the
+            processes that map it), summed; when asked for, where the OS gives it (Linux).
+        children_pids: their PIDs, in the order they were found (parents before children).
     """
 
     time: float
@@ -119,14 +133,20 @@ class HostReading:
     swap_in: Optional[int]
     swap_out: Optional[int]
     peak_exact: bool
+    children_count: int = 0
+    children_rss: int = 0
+    children_uss: Optional[int] = None
+    children_pss: Optional[int] = None
+    children_pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class HostSnapshot(HostReading):
     """Host memory, in bytes (every field of :class:`HostReading`), with its reconciled
-    layers: ``process``, ``others``, ``out_of_reach``, ``available`` (see :mod:`vramlab.reconcile`)."""
+    layers: ``process``, ``children``, ``others``, ``out_of_reach``, ``available`` (see
+    :mod:`vramlab.reconcile`)."""
 
-    layers: tuple[tuple[str, int], ...]
+    layers: tuple[tuple[str, int], ...] = ()
 
     def layer(self, key: str) -> int:
         """The size of one layer in bytes (0 when absent)."""
@@ -140,7 +160,8 @@ class DeviceSnapshot:
     ``id`` is torch's name for the device (``cuda:0``), or ``nvml:N`` for an NVIDIA
     GPU this process cannot see (hidden by CUDA_VISIBLE_DEVICES), or ``virtual:0``.
     ``source`` says which readings it combines (``"nvml+torch"``, ``"nvml"``,
-    ``"torch"``, ``"virtual"``).
+    ``"torch"``, ``"virtual"``). ``children_used`` is what NVML lists under the PIDs of
+    this process's descendants (``None`` when not read); ``other_processes_used`` leaves it out.
     """
 
     id: str
@@ -168,6 +189,7 @@ class DeviceSnapshot:
     mem_info_total: Optional[int]
     unified_memory: bool
     layers: tuple[tuple[str, int], ...]
+    children_used: Optional[int] = None
 
     def layer(self, key: str) -> int:
         """The size of one layer in bytes (0 when absent)."""
@@ -201,6 +223,7 @@ class Snapshot:
         """A JSON-safe dict: sizes as ints in bytes, missing readings as ``None``."""
         host = asdict(self.host)
         host["layers"] = dict(self.host.layers)
+        host["children_pids"] = list(self.host.children_pids)
         devices = []
         for d in self.devices:
             dd = asdict(d)
@@ -225,7 +248,13 @@ class Snapshot:
 @dataclass(frozen=True)
 class HostDelta:
     """Host changes over one cell (bytes). ``peak_delta`` is the peak RSS during the
-    cell minus RSS at its start; ``None`` when the peak is not known."""
+    cell minus RSS at its start; ``None`` when the peak is not known.
+
+    ``children_*``: this process's descendants (see :class:`HostReading`) at the cell's
+    start and end: their number, their summed RSS (which counts the pages they share
+    with this process once in each), and their summed USS (what they add beyond this
+    process), ``None`` unless the record read it (``Recorder(uss=True)``).
+    """
 
     rss_start: int
     rss_end: int
@@ -234,6 +263,14 @@ class HostDelta:
     peak_delta: Optional[int]
     swap_delta: Optional[int]
     peak_exact: bool
+    children_count_start: int = 0
+    children_count_end: int = 0
+    children_rss_start: int = 0
+    children_rss_end: int = 0
+    children_rss_delta: int = 0
+    children_uss_start: Optional[int] = None
+    children_uss_end: Optional[int] = None
+    children_uss_delta: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +354,8 @@ def _cell_row(r: CellRecord) -> dict[str, Any]:
     row: dict[str, Any] = {
         "execution_count": r.execution_count, "started": r.started, "wall_s": r.wall_s, "error": r.error,
         "host_rss_delta": r.host.rss_delta, "host_peak_delta": r.host.peak_delta, "host_swap_delta": r.host.swap_delta,
+        "host_children": r.host.children_count_end, "host_children_rss_delta": r.host.children_rss_delta,
+        "host_children_uss_delta": r.host.children_uss_delta,
     }
     for d in r.devices:
         row[f"{d.id}_allocated_delta"] = d.allocated_delta

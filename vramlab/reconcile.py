@@ -9,7 +9,9 @@ layers add up to the card's total:
 ``torch_cache``      reserved − allocated: blocks the caching allocator keeps
 ``context``          NVML's figure for this process − torch reserved: the CUDA
                      context, cuBLAS workspaces, non-torch libraries
-``other_processes``  NVML used − this process
+``children``         what NVML lists under the PIDs of this process's descendants
+                     (``torch.multiprocessing``, ``notebook_launcher`` workers)
+``other_processes``  NVML used − this process − its children
 ``unattributed``     used memory NVML cannot split between this process and
                      others (it does not list this PID: containers, WSL)
 ``driver_reserved``  memory the driver keeps (NVML v2 memory info)
@@ -17,10 +19,17 @@ layers add up to the card's total:
 ==================  ==========================================================
 
 Host memory splits the same way against the *effective limit* (the cgroup's in
-a container or on Binder, else physical RAM): ``process`` (RSS),
-``others`` (other processes and caches charged to the same scope),
-``available`` and ``out_of_reach`` (inside the limit but not available,
-because the machine itself is short).
+a container or on Binder, else physical RAM): ``process`` (RSS), ``children``
+(this process's descendants: DataLoader workers and the like), ``others``
+(other processes and caches charged to the same scope), ``available`` and
+``out_of_reach`` (inside the limit but not available, because the machine
+itself is short).
+
+The ``children`` layer is their summed USS when it was read (``uss=True``): the
+pages only they map, which this process's RSS does not hold. Otherwise it is their
+summed RSS, which counts every page a forked worker still shares with this process
+(copy-on-write) once more in each worker, so it over-counts; it is capped at what
+the scope uses beyond this process's RSS, so that it never pushes ``available``.
 
 All sizes are in bytes.
 """
@@ -66,6 +75,7 @@ def device_layers(
     torch_allocated: Optional[int] = None,
     unattributed: Optional[int] = 0,
     other_processes: Optional[int] = None,
+    children: Optional[int] = 0,
 ) -> tuple[tuple[str, int], ...]:
     """Split a device's total into layers that add up to ``total`` exactly (bytes).
 
@@ -78,6 +88,9 @@ def device_layers(
     ``other_processes`` bytes of processes known to be others. ``unattributed`` is what
     NVML lists under PIDs this namespace cannot see (``None``: unknown, so everything not
     this process's is unattributed); the rest of the used memory is ``other_processes``.
+    ``children`` is what NVML lists under the PIDs of this process's descendants (``None``:
+    unknown, counted as 0); it is taken before ``unattributed`` and ``other_processes``.
+    The layers come in :data:`DEVICE_LAYERS` order.
     """
     if total is None or used is None:
         return ()
@@ -94,30 +107,43 @@ def device_layers(
         left -= n
         out.append((key, n))
 
+    kids = max(children or 0, 0)
     take("tensors", alloc)
     take("torch_cache", reserved - alloc)
     if process_used is None:
-        take("unattributed", left - max(other_processes or 0, 0))
+        take("unattributed", left - kids - max(other_processes or 0, 0))
+        take("children", kids)
         take("other_processes", left)
     else:
         take("context", max(process_used - reserved, 0))
+        take("children", kids)
         take("unattributed", left if unattributed is None else unattributed)
         take("other_processes", left)
     out.append(("driver_reserved", min(rd, total - in_use)))
     out.append(("free", total - in_use - min(rd, total - in_use)))
-    return tuple(out)
+    order = list(DEVICE_LAYERS)
+    return tuple(sorted(out, key=lambda kv: order.index(kv[0])))
 
 
 def host_layers(h: HostReading) -> tuple[tuple[str, int], ...]:
-    """Split the effective limit into this process, others, out of reach and available (bytes)."""
+    """Split the effective limit into this process, its children, others, out of reach and
+    available (bytes); they add up to ``h.limit`` exactly.
+
+    The children's figure is their USS when read, else their summed RSS (see the module
+    docs), capped at what the scope uses beyond this process's RSS.
+    """
     limit = h.limit
     scope_used = h.cgroup_usage if h.cgroup_usage is not None else h.used
     process = max(min(h.process_rss, limit), 0)
-    others = max(min(scope_used - h.process_rss, limit - process), 0)
-    headroom = limit - process - others
+    beyond = scope_used - h.process_rss
+    kids_figure = h.children_uss if h.children_uss is not None else h.children_rss
+    children = max(min(kids_figure, beyond, limit - process), 0)
+    others = max(min(beyond - children, limit - process - children), 0)
+    headroom = limit - process - children - others
     available = max(min(h.available, headroom), 0)
     return (
         ("process", process),
+        ("children", children),
         ("others", others),
         ("out_of_reach", headroom - available),
         ("available", available),
@@ -186,6 +212,7 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
     if nv is not None:
         total, used, free, rd = nv.total, nv.used, nv.free, nv.reserved
         process_used, others, hidden = nv.process_used, nv.other_processes_used, nv.unattributed_used
+        kids = nv.children_used
         holds = bool(td is not None and td.reserved)
         if nv.readable and nv.process_list is not None and not nv.pid_listed and (nv.hidden_pids or holds):
             # NVML does not list this PID: in a PID namespace its memory is under a host PID
@@ -208,7 +235,7 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
         free = td.mem_free if td is not None else None
         used = (total - free) if total is not None and free is not None else None
         rd = None
-        process_used = others = None
+        process_used = others = kids = None
         if td is not None and td.kind == "mps":
             used = td.reserved
             free = None if total is None or used is None else max(total - used, 0)
@@ -221,6 +248,7 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
         torch_allocated=td.allocated if td else None,
         unattributed=hidden,
         other_processes=others,
+        children=kids,
     )
     source = "+".join(s for s, present in (("nvml", nv is not None), ("torch", td is not None)) if present)
     return DeviceSnapshot(
@@ -249,6 +277,7 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
         mem_info_total=td.mem_total if td else None,
         unified_memory=bool(nv.unified_memory) if nv is not None else False,
         layers=layers,
+        children_used=kids,
     )
 
 
@@ -256,7 +285,8 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
     """Read every memory layer now and reconcile it. Never raises for a missing layer.
 
     Args:
-        uss: also read this process's USS (walks every mapping: slower).
+        uss: also read the USS of this process and of its children, and their PSS (walks
+            every mapping: slower). The host's ``children`` layer is then their USS.
         import_torch: import torch to read its allocators even if the user has not.
             By default torch is read only when it is already imported, and CUDA
             only when it is already initialised: reading never creates a context.
@@ -267,7 +297,7 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
     h = read_host(uss=uss)
     notes: list[str] = []
     host = HostSnapshot(**vars(h), layers=host_layers(h))
-    nvml = read_nvml()
+    nvml = read_nvml(children=h.children_pids)
     if nvml.reason:
         notes.append(nvml.reason)
     notes.extend(nvml.notes)

@@ -1,6 +1,6 @@
 """The plain-text renderers."""
 
-from vramlab.display.text import snapshot_text, text_bar
+from vramlab.display.text import record_line, record_text, snapshot_text, text_bar
 from vramlab.reconcile import snapshot
 from vramlab.units import format_bytes
 
@@ -32,3 +32,45 @@ def test_notes_are_shown():
     s = snapshot()
     for n in s.notes:
         assert n in snapshot_text(s)
+
+
+def test_children_have_their_own_lines_on_the_host_and_the_device(children_snapshot):
+    t = snapshot_text(children_snapshot)
+    host_line = next(line for line in t.splitlines() if "child processes" in line)
+    assert format_bytes(16 * 2**20) in host_line and "2 processes" in host_line
+    assert "USS" in host_line and "RSS summed 64.00 MiB" in host_line and "PSS 40.00 MiB" in host_line
+    gpu_lines = [line for line in t.splitlines()[t.splitlines().index("cuda:0  Test GPU  total 80.00 GiB  util 50%"):]
+                 if "child processes" in line]
+    assert len(gpu_lines) == 1 and format_bytes(3 * GiB) in gpu_lines[0]
+    other = next(line for line in t.splitlines() if "other processes" in line)
+    assert format_bytes(7 * GiB) in other
+    rows = [line for line in t.splitlines() if line.startswith("  ") and "iB" in line and "%" in line]
+    assert len({line.index("iB") for line in rows}) == 1  # still aligned
+
+
+def test_no_children_no_children_line(gpu_snapshot):
+    import dataclasses
+
+    from vramlab.reconcile import host_layers
+
+    h = dataclasses.replace(gpu_snapshot.host, children_count=0, children_rss=0, children_uss=None, children_pids=())
+    h = dataclasses.replace(h, layers=host_layers(h))
+    assert "child processes" not in snapshot_text(dataclasses.replace(gpu_snapshot, host=h))
+
+
+def test_rss_summed_is_said_to_count_shared_pages(children_snapshot):
+    import dataclasses
+
+    from vramlab.reconcile import host_layers
+
+    h = dataclasses.replace(children_snapshot.host, children_uss=None, children_pss=None)
+    h = dataclasses.replace(h, layers=host_layers(h))
+    t = snapshot_text(dataclasses.replace(children_snapshot, host=h))
+    line = next(line for line in t.splitlines() if "child processes" in line)
+    assert "RSS summed" in line and "shared pages" in line and "--uss" in line
+
+
+def test_a_record_tells_the_children(children_record):
+    assert "children" in record_text(children_record) and "0 -> 2 processes" in record_text(children_record)
+    assert "+16.00 MiB" in record_text(children_record)  # the USS line
+    assert "children +64.00 MiB RSS, USS +16.00 MiB (2 now)" in record_line(children_record)

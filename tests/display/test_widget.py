@@ -190,3 +190,11 @@ def test_sparkline_markers_and_warning(gpu_snapshot):
     assert len(svg) < 8192
     html = bars_html(gpu_snapshot)
     assert "cuda:0" in html and "tensors" in html
+
+
+def test_bars_show_the_children(children_snapshot):
+    from vramlab.display.widget import bars_html
+
+    html = bars_html(children_snapshot)
+    assert "child processes <b>16.00 MiB</b>" in html and "child processes <b>3.00 GiB</b>" in html
+    assert "2 child processes" in html

@@ -13,7 +13,7 @@ real binding. The machine it simulates is a JSON scenario in the environment var
                "lost": false,              # every read raises NVML_ERROR_GPU_IS_LOST
                "handle_error": null,       # nvmlDeviceGetHandleByIndex raises this (e.g. "GPU_IS_LOST")
                "unified": false,           # memory info is NOT_SUPPORTED (no separate memory)
-               "procs": [{"pid": "self", "mem": 1073741824}],   # pid: int, "self", "parent", "hidden"
+               "procs": [{"pid": "self", "mem": 1073741824}],   # pid: int, "self", "parent", "hidden", "child"
                "graphics": [],
                "mig": [{"uuid": "MIG-...", "slot": 0, "gi": 7, "ci": 0, "total": ..., "used": ...,
                         "procs": [...]}]}]}
@@ -30,6 +30,8 @@ How it behaves, as the real driver and binding do:
   (the v1 symbol writes the raw ``2**64 - 1``).
 - ``"hidden"`` PIDs are numbers above the kernel's ``pid_max``: they exist in no ``/proc``,
   like the host-namespace PIDs NVML reports inside a container.
+- ``"child"`` (``"child+1"``, ...) is this process's first (second, ...) descendant, oldest
+  first, looked up with psutil when the list is read: a real process the caller started.
 - MIG instances sit at device slots whose GPU-instance ids are not their slot numbers.
 - Every ``nvml*`` entry point this module does not model raises FUNCTION_NOT_FOUND.
 """
@@ -118,6 +120,14 @@ def _pid(p: Any) -> int:
         return _pid_max() + 1000
     if isinstance(p, str) and p.startswith("hidden+"):
         return _pid_max() + 1000 + int(p[7:])
+    if isinstance(p, str) and (p == "child" or p.startswith("child+")):
+        import psutil
+
+        n = int(p[6:]) if p != "child" else 0
+        kids = sorted(psutil.Process().children(recursive=True), key=lambda c: (c.create_time(), c.pid))
+        if n >= len(kids):
+            raise ValueError(f"the scenario lists {p!r}, but this process has {len(kids)} descendant(s)")
+        return kids[n].pid
     return int(p)
 
 

@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vramlab.probes import host
-from vramlab.probes.host import read_host, read_uss, reset_peak_rss
+from vramlab.probes.host import descendant_pids, read_children, read_host, read_uss, reset_peak_rss
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -200,3 +201,107 @@ def test_falls_back_to_psutil(monkeypatch):
     assert r.limit_source == "physical RAM"
     assert not r.peak_exact
     assert not reset_peak_rss()
+
+
+# --------------------------------------------------------------------------- descendants
+
+_GRANDPARENT = """
+import os, signal, subprocess, sys, time
+g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"PATH": os.environ.get("PATH", "")},
+                     stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+print(g.pid, flush=True)
+try:
+    sys.stdin.read()  # until the test closes it
+finally:
+    g.kill()
+    g.wait()
+"""
+
+
+@pytest.fixture
+def family():
+    """A child of this process that has a child of its own: (child pid, grandchild pid)."""
+    child = subprocess.Popen([sys.executable, "-c", _GRANDPARENT], env={"PATH": os.environ.get("PATH", "")},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        grandchild = int(child.stdout.readline())
+        yield child.pid, grandchild
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _rss(pid):
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss
+
+
+def test_children_are_found_recursively_with_their_rss(family):
+    child, grandchild = family
+    k = read_children()
+    assert child in k.pids and grandchild in k.pids
+    assert k.pids.index(child) < k.pids.index(grandchild)  # parents first
+    assert k.rss >= _rss(child) // 2 + _rss(grandchild) // 2 and k.uss is None and k.pss is None
+    r = read_host()
+    assert r.children_count == len(r.children_pids) >= 2 and child in r.children_pids
+    assert r.children_uss is None
+
+
+def test_children_uss_and_pss_only_when_asked(family):
+    k = read_children(uss=True)
+    assert k.uss is not None and 0 < k.uss < k.rss
+    if sys.platform.startswith("linux"):
+        assert k.pss is not None and k.uss <= k.pss <= k.rss
+    r = read_host(uss=True)
+    assert r.children_uss is not None and r.children_count >= 2
+
+
+def test_children_without_the_proc_children_files_come_from_psutil(family, monkeypatch):
+    child, grandchild = family
+    monkeypatch.setattr(host, "_PROC_CHILDREN", False)
+    k = read_children()
+    assert child in k.pids and grandchild in k.pids
+
+
+def test_no_children_is_zero_not_unknown(monkeypatch):
+    monkeypatch.setattr(host, "_list_descendants", lambda: ())
+    assert read_children() == host.ChildrenReading()
+    k = read_children(uss=True)
+    assert (k.pids, k.rss, k.uss, k.pss) == ((), 0, 0, 0)
+
+
+def test_a_child_that_ended_is_left_out(monkeypatch):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], env={"PATH": os.environ.get("PATH", "")},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    gone.wait()  # reaped: its PID names no process now
+    monkeypatch.setattr(host, "_list_descendants", lambda: (gone.pid,))
+    assert read_children(uss=True).pids == ()
+
+
+def _tree(root, children):
+    """A fake /proc: ``children`` maps pid -> {tid: [child pids]}."""
+    for pid, threads in children.items():
+        for tid, kids in threads.items():
+            d = root / str(pid) / "task" / str(tid)
+            d.mkdir(parents=True)
+            (d / "children").write_text(" ".join(map(str, kids)) + (" " if kids else ""))
+
+
+def test_descendants_from_the_proc_children_files(tmp_path):
+    # 100 has two threads, each with a child; 101 has a child 103; 102 none; 103 none
+    _tree(tmp_path, {100: {100: [101], 107: [102]}, 101: {101: [103]}, 102: {102: []}, 103: {103: []}})
+    assert descendant_pids(100, proc=str(tmp_path)) == (101, 102, 103)
+    # a child that ended between the reads (no /proc entry) is left out of the walk, not an error
+    _tree(tmp_path / "b", {1: {1: [2, 9]}, 2: {2: []}})
+    assert descendant_pids(1, proc=str(tmp_path / "b")) == (2, 9)
+
+
+def test_without_the_children_files_the_walk_says_so(tmp_path):
+    (tmp_path / "100" / "task" / "100").mkdir(parents=True)  # a task with no children file
+    assert descendant_pids(100, proc=str(tmp_path)) is None

@@ -105,3 +105,27 @@ def test_hidden_pids_are_counted_apart(nvml_sim):
     d0 = read_nvml().devices[0]
     assert not d0.pid_listed and d0.process_used == 0
     assert d0.hidden_pids == 2 and d0.unattributed_used == 8 * GiB and d0.other_processes_used == 0
+
+
+def _sleeper():
+    import signal
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                            env={"PATH": os.environ.get("PATH", "")}, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_the_pids_of_children_are_counted_apart_from_other_processes(nvml_sim):
+    child = _sleeper()
+    try:
+        nvml_sim(sc.with_child())
+        d0 = read_nvml(children=[child.pid]).devices[0]
+        assert (d0.process_used, d0.children_used, d0.other_processes_used) == (3 * GiB, 2 * GiB, 5 * GiB)
+        assert d0.children_listed == 1 and d0.unattributed_used == 0
+        d0 = read_nvml().devices[0]  # not told which PIDs are children: another process
+        assert (d0.children_used, d0.other_processes_used, d0.children_listed) == (0, 7 * GiB, 0)
+    finally:
+        child.kill()
+        child.wait()

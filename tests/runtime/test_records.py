@@ -108,3 +108,65 @@ def test_the_cell_that_creates_the_cuda_context_shows_its_allocation_and_peak(mo
     assert (d.allocated_start, d.allocated_delta, d.reserved_delta) == (0, GiB, 2 * GiB)
     assert (d.peak_allocated, d.peak_allocated_delta) == (3 * GiB // 2, 3 * GiB // 2)
     assert "cuda:0" in rec.line() and "peak +1.50 GiB" in rec.line()
+
+
+class _Items:
+    """A dataset held in a Python list; each worker walks the whole list once when it starts
+    (``touch``), which writes every object's reference count and so copies its page."""
+
+    def __init__(self, n):
+        self.items = [(i, str(i)) for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i][0]
+
+
+def _touch_all(worker_id):
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # not inherited from however the tests were started
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    for _ in info.dataset.items:
+        pass
+
+
+@linux
+def test_dataloader_workers_show_as_children_and_their_copy_on_write_growth():
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from vramlab.reconcile import snapshot
+
+    n = 200_000
+    ds = _Items(n)
+    touched = n * sys.getsizeof(ds.items[0])  # the tuples' own bytes: each worker copies at least these pages
+    r = Recorder()
+    tok = r.begin(7, uss=True)
+    loader = DataLoader(ds, batch_size=256, num_workers=2, persistent_workers=True, worker_init_fn=_touch_all,
+                        multiprocessing_context="fork")
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    rec = r.end(tok)
+    try:
+        alive = snapshot()
+        full = snapshot(uss=True).host
+    finally:
+        del it, loader  # the workers end with their iterator
+    h = rec.host
+    assert h.children_count_end - h.children_count_start == 2
+    assert h.children_rss_delta > 0 and h.children_uss_delta is not None
+    # the workers' private pages grew by at least the objects they touched (copy-on-write)
+    assert h.children_uss_delta >= 2 * touched * 0.5
+    assert "children" in rec.text() and "children" in rec.line()
+    assert alive.host.layer("children") > 0 and alive.host.children_count >= 2
+    assert sum(n for _, n in alive.host.layers) == alive.host.limit
+    # sharing made visible: what they hold alone is less than their RSS summed
+    assert full.children_uss is not None and full.children_uss < full.children_rss
+    assert full.children_pss is not None and full.children_uss <= full.children_pss <= full.children_rss
+    assert full.layer("children") <= full.children_uss

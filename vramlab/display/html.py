@@ -15,7 +15,7 @@ from typing import Optional
 from ..i18n import tr_note
 from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
-from .text import oom_text
+from .text import children_extra, oom_text
 
 __all__ = ["snapshot_html", "html_bar", "record_html", "oom_html", "COLOURS"]
 
@@ -24,6 +24,7 @@ COLOURS: dict[str, str] = {
     "tensors": "#4e79a7",
     "torch_cache": "#76b7b2",
     "context": "#f28e2b",
+    "children": "#a0cbe8",
     "unattributed": "#b07aa1",
     "other_processes": "#e15759",
     "driver_reserved": "#9c755f",
@@ -35,6 +36,7 @@ COLOURS: dict[str, str] = {
 }
 
 _WARN = 0.90
+_DEVICE_SKIP_ZERO = ("driver_reserved", "unattributed", "children")  # legend entries left out when empty
 # JupyterLab stripes and highlights table rows (a grey band on every other row); ours are a layout
 _TR = '<tr style="background:transparent">'
 
@@ -85,11 +87,13 @@ def snapshot_html(s: Snapshot) -> str:
     peak = format_bytes(h.process_peak) + ("" if h.peak_exact else " (lifetime)")
     swap = (f"swap {format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}" if h.swap_total
             else "no swap")
+    kids = f" · {_html.escape(HOST_LAYERS['children'])}: {_html.escape(children_extra(h))}" if h.children_count else ""
     rows.append(
         f"{_TR}<td {td}><b>host</b><br><small>limit {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}</small></td>"
         f"<td {td}>{html_bar(h.layers, HOST_LAYERS)}"
-        f'<div style="font-size:90%;margin-top:3px">{_legend(h.layers, HOST_LAYERS, h.limit, ("out_of_reach",))}</div>'
-        f'<div style="font-size:90%">peak RSS {peak} · {swap}'
+        f'<div style="font-size:90%;margin-top:3px">'
+        f'{_legend(h.layers, HOST_LAYERS, h.limit, ("out_of_reach", "children"))}</div>'
+        f'<div style="font-size:90%">peak RSS {peak} · {swap}{kids}'
         + (' · <b style="color:#e15759">≥ 90% of the limit</b>' if warn else "")
         + "</div></td></tr>"
     )
@@ -105,7 +109,7 @@ def snapshot_html(s: Snapshot) -> str:
             warn = _used_fraction(d.layers, ("free",)) >= _WARN
             body += html_bar(d.layers, DEVICE_LAYERS)
             body += (f'<div style="font-size:90%;margin-top:3px">'
-                     f'{_legend(d.layers, DEVICE_LAYERS, d.total, ("driver_reserved", "unattributed"))}</div>')
+                     f'{_legend(d.layers, DEVICE_LAYERS, d.total, _DEVICE_SKIP_ZERO)}</div>')
             if warn:
                 body += '<div style="font-size:90%"><b style="color:#e15759">≥ 90% of the device in use</b></div>'
         if d.torch_peak_allocated is not None:
@@ -143,6 +147,13 @@ def record_html(r: CellRecord) -> str:
                 f"<td {td}>{peak}</td><td {tl}>RSS</td></tr>")
     if h.swap_delta:
         rows.append(f"<tr><td {tl}>swap</td><td {td}>{format_bytes(h.swap_delta, signed=True)}</td><td></td><td></td></tr>")
+    if h.children_count_start or h.children_count_end:
+        rows.append(f"<tr><td {tl}>children</td><td {td}>{format_bytes(h.children_rss_delta, signed=True)}</td>"
+                    f"<td></td><td {tl}>RSS summed, {h.children_count_start} → {h.children_count_end} "
+                    "processes</td></tr>")
+        if h.children_uss_delta is not None:
+            rows.append(f"<tr><td></td><td {td}>{format_bytes(h.children_uss_delta, signed=True)}</td><td></td>"
+                        f"<td {tl}>USS</td></tr>")
     for d in r.devices:
         if d.allocated_delta is None and d.nvml_delta is None:
             continue

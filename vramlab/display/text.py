@@ -10,16 +10,19 @@ import datetime as _dt
 from typing import Optional
 
 from ..i18n import tr, tr_note
-from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, FreedReport, History, OOMExplanation, Snapshot
+from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, FreedReport, History, HostDelta, HostSnapshot,
+                     OOMExplanation, Snapshot)
 from ..units import format_bytes
 
-__all__ = ["snapshot_text", "text_bar", "record_text", "record_line", "history_text", "oom_text", "freed_text"]
+__all__ = ["snapshot_text", "text_bar", "children_extra", "record_text", "record_line", "history_text", "oom_text",
+           "freed_text"]
 
 #: One character per layer in text bars.
 BAR_CHARS: dict[str, str] = {
     "tensors": "#",
     "torch_cache": "=",
     "context": "+",
+    "children": "*",
     "unattributed": "?",
     "other_processes": "%",
     "driver_reserved": "!",
@@ -53,6 +56,19 @@ def _pct(n: int, total: Optional[int]) -> str:
     return f"{100.0 * n / total:5.1f}%"
 
 
+def children_extra(h: HostSnapshot) -> str:
+    """What the host's children layer holds, in words: how many, and which figure it is
+    (their USS when read, else their RSS summed, which counts shared pages in each)."""
+    n = h.children_count
+    who = f"{n} process" + ("" if n == 1 else "es")
+    if h.children_uss is not None:
+        out = f"{who}, USS (RSS summed {format_bytes(h.children_rss)}"
+        if h.children_pss is not None:
+            out += f", PSS {format_bytes(h.children_pss)}"
+        return out + ")"
+    return f"{who}, RSS summed: counts shared pages in each (--uss for USS)"
+
+
 def snapshot_text(s: Snapshot, width: int = 40) -> str:
     """Render ``s`` as an aligned plain-text table (sizes in IEC units)."""
     when = _dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S")
@@ -61,7 +77,7 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
     lines.append(f"host  limit {format_bytes(h.limit)} ({h.limit_source}), RAM {format_bytes(h.total)}")
     lines.append("  " + text_bar(h.layers, width))
     for key, n in h.layers:
-        if key == "out_of_reach" and n == 0:
+        if (key == "out_of_reach" and n == 0) or (key == "children" and n == 0 and not h.children_count):
             continue
         label = HOST_LAYERS[key]
         extra = ""
@@ -70,6 +86,8 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
             extra = f"  peak {peak}" + ("" if h.peak_exact else " (lifetime, not resettable)")
             if h.process_uss is not None:
                 extra += f"  USS {format_bytes(h.process_uss)}"
+        elif key == "children":
+            extra = "  " + children_extra(h)
         lines.append(f"  {BAR_CHARS[key]} {label:<20}{format_bytes(n):>12} {_pct(n, h.limit)}{extra}")
     if h.swap_total:
         lines.append(f"  swap {format_bytes(h.swap_used)} of {format_bytes(h.swap_total)} used,"
@@ -87,7 +105,7 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
         if d.layers:
             lines.append("  " + text_bar(d.layers, width))
             for key, n in d.layers:
-                if n == 0 and key in ("driver_reserved", "unattributed"):
+                if n == 0 and key in ("driver_reserved", "unattributed", "children"):
                     continue
                 label = DEVICE_LAYERS[key]
                 lines.append(f"  {BAR_CHARS[key]} {label:<20}{format_bytes(n):>12} {_pct(n, d.total)}")
@@ -124,6 +142,11 @@ def record_text(r: CellRecord) -> str:
     lines.append(f"  {'host RSS':<10}{fb(h.rss_delta, signed=True):>12}{peak:>20}")
     if h.swap_delta:
         lines.append(f"  {'swap':<10}{fb(h.swap_delta, signed=True):>12}")
+    if _had_children(h):
+        lines.append(f"  {'children':<10}{fb(h.children_rss_delta, signed=True):>12}{'':>20}  "
+                     f"RSS summed, {h.children_count_start} -> {h.children_count_end} processes")
+        if h.children_uss_delta is not None:
+            lines.append(f"  {'':<10}{fb(h.children_uss_delta, signed=True):>12}{'':>20}  USS")
     for d in r.devices:
         if d.allocated_delta is None and d.nvml_delta is None:
             continue
@@ -138,6 +161,10 @@ def record_text(r: CellRecord) -> str:
     return "\n".join(lines)
 
 
+def _had_children(h: HostDelta) -> bool:
+    return bool(h.children_count_start or h.children_count_end)
+
+
 def record_line(r: CellRecord) -> str:
     """A per-cell record in one compact line, as ``%vram auto on`` prints it."""
     h = r.host
@@ -147,6 +174,11 @@ def record_line(r: CellRecord) -> str:
     if h.peak_delta is not None:
         host += f" (peak +{format_bytes(max(h.peak_delta, 0))})"
     parts.append(host)
+    if _had_children(h):
+        kids = f"children {format_bytes(h.children_rss_delta, signed=True)} RSS"
+        if h.children_uss_delta is not None:
+            kids += f", USS {format_bytes(h.children_uss_delta, signed=True)}"
+        parts.append(kids + f" ({h.children_count_end} now)")
     for d in r.devices:
         if d.allocated_delta is None and d.nvml_delta is None:
             continue

@@ -62,7 +62,7 @@ def _nowrap(text: str) -> str:
 def _legend(layers: tuple[tuple[str, int], ...], labels: dict[str, str]) -> str:
     parts = []
     for key, n in layers:
-        if n == 0 and key in ("driver_reserved", "unattributed", "out_of_reach"):
+        if n == 0 and key in ("driver_reserved", "unattributed", "out_of_reach", "children"):
             continue
         parts.append(f'<span style="white-space:nowrap;margin-right:12px">{_swatch(COLOURS.get(key, "#888"))}'
                      f"{labels[key]} <b>{format_bytes(n)}</b></span>")
@@ -97,6 +97,9 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
     warn = used >= _WARN
     sub = (_nowrap(f"{format_bytes(h.limit - h.layer('available'))} / {format_bytes(h.limit)}")
            + f"<br>{_html.escape(h.limit_source)}")
+    if h.children_count:
+        n = h.children_count
+        sub += f"<br>{n} child process{'' if n == 1 else 'es'}"
     rows.append(_row("host RAM", sub + (" ⚠" if warn else ""), html_bar(h.layers, _HOST_LABELS, width_px=300),
                      _legend(h.layers, _HOST_LABELS), warn))
     if h.swap_total:

@@ -8,6 +8,15 @@ The *effective limit* is the memory the process can really use: the cgroup
 v2 ``memory.max`` or v1 ``memory.limit_in_bytes`` of this process's cgroup
 (the smallest along its ancestors) when that is lower than physical RAM, else
 physical RAM. On Binder or in a container it is the number that matters.
+
+*Children* are the processes that descend from this one (recursively): DataLoader
+workers, ``torch.multiprocessing`` and ``notebook_launcher`` workers, a ``%%bash`` cell.
+They are found through ``/proc/<pid>/task/<tid>/children`` where the kernel has it
+(``CONFIG_PROC_CHILDREN``: one small read per thread of this process and of each
+descendant), else with psutil, which reads ``/proc/<pid>/stat`` of every process on the
+machine to find their parents (milliseconds where there are hundreds). Their RSS is read on every
+reading (``/proc/<pid>/statm``, through psutil); their USS and PSS only on request
+(``uss=True``: ``smaps_rollup`` walks every mapping).
 """
 
 from __future__ import annotations
@@ -15,12 +24,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from ..model import HostReading
 from .cgroup import CGROUP, os_read
 
-__all__ = ["read_host", "reset_peak_rss", "read_uss"]
+__all__ = ["read_host", "reset_peak_rss", "read_uss", "read_children", "ChildrenReading", "descendant_pids"]
 
 _LINUX = sys.platform.startswith("linux")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -103,6 +113,128 @@ def read_uss() -> Optional[int]:
         return None
 
 
+# --------------------------------------------------------------------------- descendants
+
+
+@dataclass(frozen=True)
+class ChildrenReading:
+    """This process's descendants. Sizes in bytes.
+
+    Attributes:
+        pids: their PIDs, parents before their children; zombies left out.
+        rss: their RSS, summed (each counts the pages it shares with this process and its
+            siblings again: copy-on-write after ``fork`` makes that most of a worker's RSS).
+        uss: their USS (private pages), summed; ``None`` unless asked for, or when one
+            could not be read.
+        pss: their PSS (shared pages split between the processes that map them), summed;
+            ``None`` unless asked for, where the OS does not give it, or one could not be read.
+    """
+
+    pids: tuple[int, ...] = ()
+    rss: int = 0
+    uss: Optional[int] = None
+    pss: Optional[int] = None
+
+
+def _children_files(proc: str, pid: int) -> Optional[list[int]]:
+    """The direct children of ``pid`` from ``<proc>/<pid>/task/*/children``; ``None`` when
+    the kernel does not have these files (``CONFIG_PROC_CHILDREN`` off)."""
+    task = f"{proc}/{pid}/task"
+    try:
+        tids = os.listdir(task)
+    except OSError:
+        return []  # the process is gone
+    out: list[int] = []
+    found = False
+    for tid in tids:
+        data = os_read(f"{task}/{tid}/children")
+        if data is None:
+            continue
+        found = True
+        out.extend(int(x) for x in data.split())
+    if not found and tids:
+        return None
+    return out
+
+
+def descendant_pids(pid: Optional[int] = None, proc: str = "/proc") -> Optional[tuple[int, ...]]:
+    """The PIDs that descend from ``pid`` (this process by default), parents first, read
+    from ``<proc>/<pid>/task/<tid>/children``. ``None`` where the kernel has no such files
+    (then :func:`read_children` asks psutil)."""
+    root = os.getpid() if pid is None else pid
+    first = _children_files(proc, root)
+    if first is None:
+        return None
+    seen: dict[int, None] = {}
+    queue = list(first)
+    while queue:
+        p = queue.pop(0)
+        if p in seen or p == root:
+            continue
+        seen[p] = None
+        queue.extend(_children_files(proc, p) or ())
+    return tuple(seen)
+
+
+_PROC_CHILDREN: Optional[bool] = None  # whether /proc has the children files (looked up once)
+
+
+def _list_descendants() -> tuple[int, ...]:
+    global _PROC_CHILDREN
+    if _LINUX and _PROC_CHILDREN is not False:
+        pids = descendant_pids()
+        if pids is not None:
+            _PROC_CHILDREN = True
+            return pids
+        _PROC_CHILDREN = False
+    import psutil
+
+    try:
+        return tuple(p.pid for p in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return ()
+
+
+def read_children(uss: bool = False) -> ChildrenReading:
+    """Read this process's descendants now: their PIDs and summed RSS, and with ``uss=True``
+    their summed USS and PSS (slower: it walks every mapping of each). Sizes in bytes.
+    Never raises: a process that ends while it is read is left out."""
+    try:
+        pids = _list_descendants()
+    except Exception:
+        return ChildrenReading()
+    if not pids:
+        return ChildrenReading(uss=0 if uss else None, pss=0 if uss else None)
+    import psutil
+
+    kept: list[int] = []
+    rss = 0
+    uss_sum: Optional[int] = 0 if uss else None
+    pss_sum: Optional[int] = 0 if uss else None
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if uss:
+                try:
+                    m = p.memory_full_info()
+                except psutil.AccessDenied:  # another user's (a setuid helper): RSS only
+                    m = p.memory_info()
+                rss += int(m.rss)
+                u, ps = getattr(m, "uss", None), getattr(m, "pss", None)
+                uss_sum = None if uss_sum is None or u is None else uss_sum + int(u)
+                pss_sum = None if pss_sum is None or ps is None else pss_sum + int(ps)
+            else:
+                rss += int(p.memory_info().rss)
+        except psutil.NoSuchProcess:  # ended meanwhile (ZombieProcess is one too)
+            continue
+        except psutil.Error:
+            continue
+        kept.append(pid)
+    return ChildrenReading(pids=tuple(kept), rss=rss, uss=uss_sum, pss=pss_sum)
+
+
 def reset_peak_rss() -> bool:
     """Reset this process's peak RSS (``VmHWM``) to its current RSS.
 
@@ -143,6 +275,7 @@ def _read_host_linux(uss: bool) -> HostReading:
             avail = max(0, min(avail, cg_limit - cg_usage))
     else:
         limit, source, cg_usage = total, "physical RAM", None
+    kids = read_children(uss)
     return HostReading(
         time=now,
         total=total,
@@ -159,6 +292,7 @@ def _read_host_linux(uss: bool) -> HostReading:
         swap_in=swap_in,
         swap_out=swap_out,
         peak_exact=hwm is not None,
+        **_children_fields(kids),
     )
 
 
@@ -178,6 +312,7 @@ def _read_host_psutil(uss: bool) -> HostReading:
     except Exception:
         peak = getattr(proc.memory_info(), "peak_wset", None)
     rss = int(proc.memory_info().rss)
+    kids = read_children(uss)
     return HostReading(
         time=now,
         total=int(vm.total),
@@ -194,14 +329,21 @@ def _read_host_psutil(uss: bool) -> HostReading:
         swap_in=int(sw.sin),
         swap_out=int(sw.sout),
         peak_exact=False,
+        **_children_fields(kids),
     )
+
+
+def _children_fields(k: ChildrenReading) -> dict[str, object]:
+    return {"children_count": len(k.pids), "children_rss": k.rss, "children_uss": k.uss, "children_pss": k.pss,
+            "children_pids": k.pids}
 
 
 def read_host(uss: bool = False) -> HostReading:
     """Read host memory now. Sizes in bytes.
 
     Args:
-        uss: also read this process's USS (slower: it walks every mapping).
+        uss: also read the USS of this process and of its descendants, and their PSS
+            (slower: it walks every mapping of each).
     """
     if _LINUX:
         try:

@@ -19,7 +19,8 @@ Real drivers, as this probe meets them:
 - *PID namespaces* (Docker, Kubernetes, Colab, gVisor): NVML lists host PIDs, so this
   process's own PID is usually absent and the listed PIDs do not exist in this ``/proc``.
   Their memory is *unattributed*, not "other processes": a listed PID that exists here and
-  is not this process is another process;
+  is not this process is another process, or this process's child when it descends from
+  it (``read_nvml(children=...)``: the PIDs the host probe found);
 - *MIG*: the instances of a MIG-enabled GPU, each with its GPU-instance and
   compute-instance ids (the legacy ``MIG-GPU-<uuid>/<gi>/<ci>`` names use those ids);
 - *unified memory* (no separate framebuffer): memory info is NOT_SUPPORTED; the host's
@@ -33,7 +34,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 __all__ = ["NvmlDevice", "NvmlReading", "read_nvml"]
 
@@ -57,7 +58,12 @@ class NvmlDevice:
         process_used: memory NVML attributes to this process (by PID): 0 when it is not listed,
             ``None`` when NVML gives no process list or no figure for it.
         other_processes_used: memory of the other listed processes that exist in this PID
-            namespace, or ``None`` when NVML gives no figure for one of them.
+            namespace and are not this process's children, or ``None`` when NVML gives no
+            figure for one of them.
+        children_used: memory of the listed PIDs that descend from this process (the
+            ``children`` given to :func:`read_nvml`), or ``None`` when NVML gives no figure
+            for one of them; 0 when none is listed.
+        children_listed: how many of this process's descendants NVML lists.
         unattributed_used: memory of listed PIDs that this PID namespace cannot see (a
             container), or ``None`` when NVML gives no figure for one of them.
         hidden_pids: how many listed PIDs this namespace cannot see.
@@ -90,6 +96,8 @@ class NvmlDevice:
     hidden_pids: int = 0
     process_list: Optional[str] = None
     readable: bool = True
+    children_used: Optional[int] = 0
+    children_listed: int = 0
 
 
 @dataclass(frozen=True)
@@ -243,7 +251,7 @@ class _Nvml:
         if not self._handles:
             self._reason = "NVML found no NVIDIA GPU"
 
-    def read(self) -> NvmlReading:
+    def read(self, children: frozenset[int] = frozenset()) -> NvmlReading:
         with self._lock:
             if not self._tried:
                 self._init()
@@ -255,7 +263,8 @@ class _Nvml:
             for h, idx, mig_idx, parent_uuid, mig_on, gi, ci, why in self._handles:
                 if h is not None and why is None:
                     try:
-                        devices.append(self._read_one(pynvml, h, idx, mig_idx, parent_uuid, mig_on, gi, ci, pid))
+                        devices.append(self._read_one(pynvml, h, idx, mig_idx, parent_uuid, mig_on, gi, ci, pid,
+                                                      children))
                         continue
                     except Exception as e:
                         why = _nvml_error_text(pynvml, e)
@@ -266,7 +275,8 @@ class _Nvml:
                     parent_uuid=parent_uuid, mig_enabled=mig_on, total=None, used=None, free=None, reserved=None,
                     utilization=None, process_used=None, other_processes_used=None, pid_listed=False,
                     note=f"{where} cannot be read: {why}; it is left out of the figures",
-                    gpu_instance_id=gi, compute_instance_id=ci, unattributed_used=None, readable=False))
+                    gpu_instance_id=gi, compute_instance_id=ci, unattributed_used=None, readable=False,
+                    children_used=None))
             return NvmlReading(devices=tuple(devices), driver_version=self._driver)
 
     def _processes(self, pynvml: Any, h: Any, kind: str) -> Optional[tuple[str, list[tuple[int, Optional[int]]]]]:
@@ -301,7 +311,8 @@ class _Nvml:
         return None
 
     def _read_one(self, pynvml: Any, h: Any, idx: int, mig_idx: Optional[int], parent_uuid: Optional[str],
-                  mig_on: bool, gi: Optional[int], ci: Optional[int], pid: int) -> NvmlDevice:
+                  mig_on: bool, gi: Optional[int], ci: Optional[int], pid: int,
+                  children: frozenset[int] = frozenset()) -> NvmlDevice:
         key = id(h)
         if key not in self._static:
             self._static[key] = (_text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h)))
@@ -361,21 +372,30 @@ class _Nvml:
         mine: Optional[int] = None
         others: Optional[int] = None
         hidden_mem: Optional[int] = None
-        hidden = 0
+        kids_mem: Optional[int] = 0
+        hidden = kids_listed = 0
         if versions:
             mine = per_pid.get(pid, 0)
-            visible = [v for k, v in per_pid.items() if k != pid and _pid_visible(k)]
-            unseen = [v for k, v in per_pid.items() if k != pid and not _pid_visible(k)]
-            hidden = len(unseen)
-            others = None if any(v is None for v in visible) else sum(v for v in visible if v is not None)
-            hidden_mem = None if any(v is None for v in unseen) else sum(v for v in unseen if v is not None)
+            kids = [v for k, v in per_pid.items() if k != pid and k in children]
+            visible = [v for k, v in per_pid.items() if k != pid and k not in children and _pid_visible(k)]
+            unseen = [v for k, v in per_pid.items() if k != pid and k not in children and not _pid_visible(k)]
+            hidden, kids_listed = len(unseen), len(kids)
+            others = _total(visible)
+            hidden_mem = _total(unseen)
+            kids_mem = _total(kids)
         return NvmlDevice(
             index=idx, mig_index=mig_idx, name=name, uuid=uuid, parent_uuid=parent_uuid, mig_enabled=mig_on,
             total=total, used=used, free=free, reserved=reserved, utilization=util,
             process_used=mine, other_processes_used=others, pid_listed=listed,
             unified_memory=unified, note=note, gpu_instance_id=gi, compute_instance_id=ci,
             unattributed_used=hidden_mem, hidden_pids=hidden, process_list=versions[0] if versions else None,
+            children_used=kids_mem, children_listed=kids_listed,
         )
+
+
+def _total(figures: list[Optional[int]]) -> Optional[int]:
+    """The sum in bytes, or ``None`` when one figure is missing."""
+    return None if any(v is None for v in figures) else sum(v for v in figures if v is not None)
 
 
 def _is(pynvml: Any, e: Exception, const: str) -> bool:
@@ -402,9 +422,14 @@ def _nvml_error_text(pynvml: Any, e: Exception) -> str:
 _NVML = _Nvml()
 
 
-def read_nvml() -> NvmlReading:
-    """Read every NVML device now. Never raises; see :attr:`NvmlReading.reason`."""
+def read_nvml(children: Collection[int] = ()) -> NvmlReading:
+    """Read every NVML device now. Never raises; see :attr:`NvmlReading.reason`.
+
+    Args:
+        children: the PIDs of this process's descendants (the host probe's
+            ``children_pids``): their memory is counted apart, as ``children_used``.
+    """
     try:
-        return _NVML.read()
+        return _NVML.read(frozenset(children))
     except Exception as e:  # defensive: a probe never raises
         return NvmlReading(reason=f"NVML read failed: {type(e).__name__}: {e}")

@@ -12,6 +12,12 @@ or ``VmHWM`` across cells sees them reset. With ``keep_peaks=True`` (``--keep-pe
 nothing is reset; a cell's peak is then known only when it set a new high since the
 counters were last reset, and is ``None`` (unknown) otherwise.
 
+The processes this one started (DataLoader workers, ``torch.multiprocessing``) are in the
+record too: their number and summed RSS at the start and the end of the cell, and, with
+``uss=True``, their summed USS, which is what copy-on-write makes them add (touching a
+Python object in a forked worker writes its reference count, and so copies its page).
+Their peak is not recorded: a worker that starts and ends within the cell is not seen.
+
 All sizes are in bytes, times in seconds.
 """
 
@@ -46,26 +52,35 @@ class Recorder:
     def __init__(self) -> None:
         self.history: Deque[CellRecord] = collections.deque(maxlen=HISTORY_SIZE)
         self.keep_peaks = False
+        self.uss = False  # also read USS (this process's and its children's) at both ends: slower
 
-    def begin(self, execution_count: Optional[int] = None, keep_peaks: Optional[bool] = None) -> Any:
+    def begin(self, execution_count: Optional[int] = None, keep_peaks: Optional[bool] = None,
+              uss: Optional[bool] = None) -> Any:
         """Start a record: reset the peak counters (unless keeping them), then read every layer.
+
+        Args:
+            execution_count: the cell's number, for the record.
+            keep_peaks: leave the peak counters alone (default: :attr:`keep_peaks`).
+            uss: also read the children's USS at both ends (default: :attr:`uss`); it walks
+                every mapping of each, so a cell's record costs more.
 
         Returns a token to pass to :meth:`end`.
         """
         keep = self.keep_peaks if keep_peaks is None else keep_peaks
+        want_uss = self.uss if uss is None else uss
         host_reset = False
         if not keep:
             host_reset = _reset_all_peaks()
-        snap = snapshot()  # right after the reset: the peaks now equal the current figures
-        return (snap, time.time(), time.perf_counter(), execution_count, keep, host_reset)
+        snap = _read(want_uss)  # right after the reset: the peaks now equal the current figures
+        return (snap, time.time(), time.perf_counter(), execution_count, keep, host_reset, want_uss)
 
     def end(self, token: Any, error: Optional[BaseException] = None) -> Optional[CellRecord]:
         """Finish the record ``token`` (from :meth:`begin`); ``None`` when there is none."""
         if token is None:
             return None
-        s0, started, t0, count, keep, host_reset = token
+        s0, started, t0, count, keep, host_reset, want_uss = token
         wall = time.perf_counter() - t0
-        s1 = snapshot()
+        s1 = _read(want_uss)
         h0, h1 = s0.host, s1.host
         if h1.process_peak is not None and (host_reset or (h0.process_peak is not None and h1.process_peak > h0.process_peak)):
             peak: Optional[int] = h1.process_peak
@@ -76,6 +91,11 @@ class Recorder:
             peak=peak, peak_delta=None if peak is None else peak - h0.process_rss,
             swap_delta=None if h0.swap_used is None or h1.swap_used is None else h1.swap_used - h0.swap_used,
             peak_exact=h1.peak_exact,
+            children_count_start=h0.children_count, children_count_end=h1.children_count,
+            children_rss_start=h0.children_rss, children_rss_end=h1.children_rss,
+            children_rss_delta=h1.children_rss - h0.children_rss,
+            children_uss_start=h0.children_uss, children_uss_end=h1.children_uss,
+            children_uss_delta=_sub(h1.children_uss, h0.children_uss),
         )
         before = {d.id: d for d in s0.devices}
         devices = []
@@ -107,6 +127,10 @@ class Recorder:
                          devices=tuple(devices), peaks_reset=not keep)
         self.history.append(rec)
         return rec
+
+
+def _read(uss: bool) -> Any:
+    return snapshot(uss=True) if uss else snapshot()
 
 
 def _sub(a: Optional[int], b: Optional[int]) -> Optional[int]:
