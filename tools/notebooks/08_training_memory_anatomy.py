@@ -97,10 +97,10 @@ print(f"the peak: {guess(prediction_peak_phase, repr)}; measured: '{peak_phase.n
 # - **backward**: gradients appear, one per weight and of the same size, while autograd frees
 #   each saved activation as soon as it is used, so the activations shrink as gradients grow.
 # - **optimizer step**: in step 1, AdamW creates its state, two moments per weight (8 bytes per
-#   parameter): from then on the device holds 16 bytes per parameter between steps, before any
-#   data.
+#   parameter): right after each optimizer step the device holds 16 bytes per parameter (weights,
+#   gradients, state), before any data.
 # - **zero_grad** (with `set_to_none=True`): the gradients are freed; what is left is weights and
-#   optimizer state: the floor under every later step.
+#   optimizer state, 12 bytes per parameter: the floor under every later step.
 #
 # Which phase peaks depends on the ratio of activations to weights: with long sequences or large
 # batches the forward/backward boundary dominates; with a big model and a small batch the optimizer
