@@ -120,7 +120,11 @@ def _sleeper():
 def test_the_pids_of_children_are_counted_apart_from_other_processes(nvml_sim):
     child = _sleeper()
     try:
-        nvml_sim(sc.with_child())
+        scenario = sc.with_child()
+        for proc in scenario["gpus"][0]["procs"]:  # this child, by its PID: the test process may have others
+            if proc["pid"] == "child":
+                proc["pid"] = child.pid
+        nvml_sim(scenario)
         d0 = read_nvml(children=[child.pid]).devices[0]
         assert (d0.process_used, d0.children_used, d0.other_processes_used) == (3 * GiB, 2 * GiB, 5 * GiB)
         assert d0.children_listed == 1 and d0.unattributed_used == 0

@@ -7,6 +7,9 @@
 - :mod:`vramlab.sim.presets`: real GPUs (memory, bandwidth, host link), by name.
 - :mod:`vramlab.sim.estimate`: :func:`estimate`, one step under ``FakeTensorMode``: the
   peak and its breakdown without real memory, and whether it fits a preset.
+- :mod:`vramlab.sim.distributed`: the data-parallel strategies ``estimate(world_size=N,
+  strategy=...)`` runs (DDP, ZeRO-1, ZeRO-2, FSDP2) on torch's fake process group;
+  :func:`measure_distributed` runs the same steps on real gloo ranks on the CPU.
 - :mod:`vramlab.sim.batch_finder`: :func:`find_max_batch_size`, the exact largest batch that fits.
 
 Everything here but the presets and the batch finder needs torch (``pip install 'vramlab[sim]'``);
@@ -33,6 +36,8 @@ __all__ = [
     "estimate",
     "measure",
     "Estimate",
+    "measure_distributed",
+    "measure_distributed_many",
     "find_max_batch_size",
     "BatchSearch",
     "Trial",
@@ -44,13 +49,16 @@ _LAZY = {
     "estimate": ("estimate", "estimate"),
     "measure": ("estimate", "measure"),
     "Estimate": ("estimate", "Estimate"),
+    "measure_distributed": ("estimate", "measure_distributed"),
+    "measure_distributed_many": ("estimate", "measure_distributed_many"),
     "find_max_batch_size": ("batch_finder", "find_max_batch_size"),
     "BatchSearch": ("batch_finder", "BatchSearch"),
     "Trial": ("batch_finder", "Trial"),
 }
 
 
-_NEEDS_TORCH = {"Ledger", "VirtualGPU", "estimate", "measure", "Estimate"}
+_NEEDS_TORCH = {"Ledger", "VirtualGPU", "estimate", "measure", "Estimate", "measure_distributed",
+                "measure_distributed_many"}
 
 
 def __getattr__(name: str) -> Any:

@@ -18,14 +18,24 @@ intermediate lists take memory), and the verdict leaves room for the CUDA contex
 cache or fragmentation (``memory_reserved``), cuBLAS/cuDNN workspaces, or kernels whose CUDA
 implementation allocates differently from the CPU one.
 
+With ``world_size=N, strategy=`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"fsdp"``) the estimate
+is one rank's: torch's own data-parallel wrapper runs on the fake tensors over torch's fake
+process group (:mod:`vramlab.sim.distributed`), and :func:`measure_distributed` runs the same
+steps for real on N CPU processes with the gloo backend, each rank under a VirtualGPU.
+
 All sizes are in bytes.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import inspect
+import os
+import signal
+import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
@@ -41,7 +51,8 @@ from .ledger import CATEGORIES, Ledger, LedgerHooks
 from .presets import get_preset
 from .virtual_gpu import VirtualGPU
 
-__all__ = ["Estimate", "estimate", "measure", "measure_cuda", "warm_up_cuda", "OPTIMIZERS"]
+__all__ = ["Estimate", "estimate", "measure", "measure_distributed", "measure_distributed_many", "RankReading",
+           "measure_cuda", "warm_up_cuda", "OPTIMIZERS"]
 
 #: Optimizers by name, for ``optimizer="adamw"``.
 OPTIMIZERS: dict[str, type] = {
@@ -72,6 +83,10 @@ class Estimate:
         parameters: the number of parameter elements (shared ones once).
         method: ``"estimated (FakeTensorMode)"`` or ``"measured (VirtualGPU)"``.
         seconds: how long it took.
+        world_size: the data-parallel ranks (1 without a strategy).
+        strategy: ``"ddp"``, ``"zero1"``, ``"zero2"`` (modelled), ``"fsdp"``, or ``None``.
+        rank: the rank the figures describe, with a strategy (see :mod:`vramlab.sim.distributed`).
+        rank_peaks: the peak of each rank estimated (all of them for ZeRO), in bytes.
     """
 
     peak: int
@@ -90,6 +105,10 @@ class Estimate:
     method: str
     seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    world_size: int = 1
+    strategy: Optional[str] = None
+    rank: Optional[int] = None
+    rank_peaks: tuple[int, ...] = ()
 
     @property
     def headroom(self) -> Optional[int]:
@@ -107,8 +126,10 @@ class Estimate:
 
     def text(self) -> str:
         """A plain-text report: the verdict and the breakdown at the peak."""
+        per_rank = (f", {self.strategy} on {self.world_size} ranks, rank {self.rank} (batch per rank)"
+                    if self.strategy else "")
         lines = [f"{self.method}: {self.step} step, batch {self.batch_size}, {self.parameters:,} parameters"
-                 + (f", {self.dtype}" if self.dtype else ""),
+                 + (f", {self.dtype}" if self.dtype else "") + per_rank,
                  "  " + self.verdict()]
         for k in CATEGORIES:
             n = self.breakdown.get(k, 0)
@@ -312,21 +333,29 @@ def _check_args(batch_size: int, step: str, steps: Optional[int], optimizer: Any
 
 
 def _result(acct: Ledger, tgt: _Target, model: nn.Module, *, batch_size: int, step: str, steps: int,
-            dtype: Optional[torch.dtype], method: str, t0: float, notes: list[str]) -> Estimate:
+            dtype: Optional[torch.dtype], method: str, t0: float, notes: list[str],
+            parallel: Optional[tuple[int, str, int, int, tuple[int, ...]]] = None) -> Estimate:
     budget = None if tgt.capacity is None else tgt.capacity - tgt.context
     if tgt.context:
         notes.append(f"{format_bytes(tgt.context)} set aside for the CUDA context (an assumed figure)")
+    extra: dict[str, Any] = {}
+    n_params = _count_params(model)
+    if parallel is not None:
+        extra = dict(world_size=parallel[0], strategy=parallel[1], rank=parallel[2], rank_peaks=parallel[4])
+        n_params = parallel[3]
     return Estimate(
         peak=acct.peak, breakdown=dict(acct.peak_cats), fits=None if budget is None else acct.peak <= budget,
-        device=tgt.name, capacity=tgt.capacity, budget=budget, after=acct.allocated, parameters=_count_params(model),
+        device=tgt.name, capacity=tgt.capacity, budget=budget, after=acct.allocated, parameters=n_params,
         batch_size=batch_size, step=step, steps=steps, dtype=str(dtype).replace("torch.", "") if dtype else None,
-        round_blocks=acct.round_blocks, method=method, seconds=time.perf_counter() - t0, notes=tuple(notes))
+        round_blocks=acct.round_blocks, method=method, seconds=time.perf_counter() - t0, notes=tuple(notes),
+        **extra)
 
 
 def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
              optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
              device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
-             steps: Optional[int] = None, round_blocks: Optional[bool] = None) -> Estimate:
+             steps: Optional[int] = None, round_blocks: Optional[bool] = None, world_size: int = 1,
+             strategy: Any = None, rank: Optional[int] = None) -> Estimate:
     """Estimate the peak memory of a step without allocating it (see module docs).
 
     Args:
@@ -347,6 +376,14 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         steps: how many steps to run; default 2 with an optimizer (its state is created by
             the first), else 1. The peak is over all of them.
         round_blocks: count 512-byte blocks as CUDA does; default: on for a CUDA preset.
+        world_size: data-parallel ranks; with ``strategy``, the figures are one rank's and
+            ``batch_size`` is per rank.
+        strategy: ``"ddp"``, ``"zero1"``, ``"zero2"`` (modelled), ``"fsdp"``, or an instance
+            of :mod:`vramlab.sim.distributed`'s ``DDP``/``ZeRO1``/``ZeRO2``/``FSDP`` with
+            options; it runs torch's own wrapper on a fake process group (see that module).
+        rank: with a strategy, the one rank to estimate; default: every rank for ZeRO (their
+            partitions differ; the highest peak is reported, ``rank_peaks`` has them all),
+            rank 0 for DDP and FSDP (their ranks hold alike).
 
     Returns:
         An :class:`Estimate` (``.peak``, ``.breakdown``, ``.fits``, ``.device``).
@@ -357,6 +394,10 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     train, steps = _check_args(batch_size, step, steps, optimizer)
     tgt = _target(device)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
+    if strategy is not None or world_size != 1:
+        return _estimate_parallel(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, dtype=dtype,
+                                  train=train, step=step, steps=steps, tgt=tgt, rb=rb, loss_fn=loss_fn,
+                                  world_size=world_size, strategy=strategy, rank=rank, t0=t0)
     model = _build_on_meta(build_model, dtype)
     acct = Ledger(None, round_blocks=rb, fake=True)
     hooks = LedgerHooks(acct)
@@ -374,6 +415,206 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             hooks.remove()
     return _result(acct, tgt, model, batch_size=batch_size, step=step, steps=steps, dtype=dtype,
                    method="estimated (FakeTensorMode)", t0=t0, notes=notes)
+
+
+def _kit() -> Any:
+    """The single-device step's helpers, for :func:`vramlab.sim.distributed.prepare` (which
+    does not import this module: the import goes one way)."""
+    from .distributed import StepKit
+
+    return StepKit(build_on_meta=_build_on_meta, materialize=_materialize, init_parameters=_init_parameters,
+                   make_optimizer=_make_optimizer, optimizers=OPTIMIZERS)
+
+
+def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
+                       optimizer: Any, dtype: Optional[torch.dtype], train: bool, step: str, steps: int, tgt: _Target,
+                       rb: bool, loss_fn: Any, world_size: int, strategy: Any, rank: Optional[int],
+                       t0: float) -> Estimate:
+    """One rank of a data-parallel step: torch's wrapper on a fake process group."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import distributed as D
+
+    ws = D.check_world_size(world_size)
+    if strategy is None:
+        raise ValueError(f"world_size={ws} needs a strategy: one of {', '.join(D.STRATEGIES)}")
+    strat = D.resolve_strategy(strategy)
+    if not train:
+        raise ValueError(f"strategy {strat.name!r} is for training steps; use step='train'")
+    if isinstance(strat, (D.ZeRO1, D.ZeRO2)) and optimizer is not None:
+        D.optimizer_class(optimizer, OPTIMIZERS)  # a factory cannot be partitioned: say so before the run
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ws):
+        raise ValueError(f"rank must be an integer in [0, {ws}); got {rank!r}")
+    notes: list[str] = []
+    if isinstance(strat, D.ZeRO2):
+        notes.append("zero2 is vramlab's model (gradients reduced to their owner rank, no buckets): torch has no "
+                     "ZeRO-2, and this is not verified against DeepSpeed")
+    # ZeRO's ranks hold different partitions: each is estimated. DDP's and FSDP's are alike.
+    ranks = [rank] if rank is not None else (list(range(ws)) if isinstance(strat, (D.ZeRO1, D.ZeRO2)) else [0])
+    best: Optional[tuple[int, Any, Any]] = None
+    peaks: list[int] = []
+    for r in ranks:
+        acct = D.ShardLedger(None, round_blocks=rb, fake=True)
+        hooks = LedgerHooks(acct)
+        with D.fake_process_group(ws, r):
+            mesh = D.device_mesh(strat)
+            with FakeTensorMode(allow_non_fake_inputs=True), D.counted_storage_resize(acct):
+                hooks.install()
+                extra: list[Any] = []
+                try:
+                    with acct:
+                        model, opt, extra = D.prepare(strat, build_model, dtype, optimizer, tgt.cuda_like, acct,
+                                                      hooks, _kit(), mesh)
+                        _run_steps(model, make_batch, batch_size, opt, loss_fn, dtype, train, steps)
+                finally:
+                    for h in extra:
+                        h.remove()
+                    hooks.remove()
+        peaks.append(acct.peak)
+        if best is None or acct.peak > best[1].peak:
+            best = (r, acct, model, opt)  # alive until the result: ``after`` is what a rank keeps
+        del model, opt
+    assert best is not None
+    r, acct, model, _opt = best
+    if len(ranks) > 1:
+        notes.append(f"the figures are rank {r}'s, the highest of the {len(ranks)} ranks' peaks "
+                     f"({format_bytes(min(peaks))} to {format_bytes(max(peaks))})")
+    n_params = _count_params(_build_on_meta(build_model, dtype))
+    return _result(acct, tgt, model, batch_size=batch_size, step=step, steps=steps, dtype=dtype,
+                   method="estimated (FakeTensorMode, fake process group)", t0=t0, notes=notes,
+                   parallel=(ws, strat.name, r, n_params, tuple(peaks) if len(ranks) > 1 else (acct.peak,)))
+
+
+# --------------------------------------------------------------------------- real data-parallel runs
+
+
+@dataclass(frozen=True)
+class RankReading:
+    """One rank's measured step, in bytes: ``peak``, its ``breakdown`` and ``after`` the step."""
+
+    rank: int
+    peak: int
+    breakdown: dict[str, int]
+    after: int
+
+
+def _rank_main(rank: int, world_size: int, rdzv: str, timeout_s: float, jobs: list, q: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # whatever the parent ignored
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import warnings
+
+        import torch.distributed as dist
+
+        warnings.simplefilter("ignore")  # a measuring rank says nothing (DTensor's CPU RNG warning, ...)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            q.put(("ok", rank, [_measure_rank(*job) for job in jobs]))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # the parent reports it; a child never prints
+        q.put(("error", rank, traceback.format_exc(limit=8)))
+
+
+def _measure_rank(factory: Callable[[], tuple], strategy: Any, batch_size: int, optimizer: Any,
+                  dtype: Optional[torch.dtype], steps: int) -> RankReading:
+    from . import distributed as D
+
+    build, make_batch, loss_fn = factory()
+    mesh = D.device_mesh(strategy)
+    gpu = D.shard_virtual_gpu()
+    with gpu:
+        model, opt, extra = D.prepare(strategy, build, dtype, optimizer, False, gpu.ledger, gpu._hooks, _kit(), mesh)
+        _run_steps(model, make_batch, batch_size, opt, loss_fn, dtype, True, steps)
+        for h in extra:
+            h.remove()
+    return RankReading(torch.distributed.get_rank(), gpu.peak, gpu.breakdown("peak"), gpu.allocated)
+
+
+def measure_distributed(factory: Callable[[], tuple], *, world_size: int, strategy: Any, batch_size: int,
+                        optimizer: Any = "adam", dtype: Optional[torch.dtype] = None, steps: int = 2,
+                        timeout: float = 120.0) -> list[RankReading]:
+    """Run a training step for real on ``world_size`` CPU processes (gloo), each rank under a
+    VirtualGPU; return each rank's reading (bytes), rank 0 first.
+
+    ``factory()`` returns ``(build_model, make_batch, loss_fn)`` as in
+    :mod:`vramlab.lessons.models`; it must be picklable (a module-level function or a
+    ``functools.partial`` of one): the ranks are started with ``spawn``. The ranks run
+    exactly the steps :func:`~vramlab.sim.estimate.estimate` runs for the strategy, on the
+    CPU's gloo backend (:mod:`vramlab.sim.distributed` says what that does not show),
+    counted by its ``shard_virtual_gpu()`` (a VirtualGPU that counts a DTensor by its shard). ``timeout`` is in seconds, for the whole run; a rank that
+    fails or outlives it raises ``RuntimeError``.
+    """
+    return measure_distributed_many([dict(factory=factory, strategy=strategy, batch_size=batch_size,
+                                          optimizer=optimizer, dtype=dtype, steps=steps)],
+                                    world_size=world_size, timeout=timeout)[0]
+
+
+def measure_distributed_many(runs: list[dict[str, Any]], *, world_size: int,
+                             timeout: float = 300.0) -> list[list[RankReading]]:
+    """:func:`measure_distributed` for several runs (dicts of its keyword arguments but
+    ``world_size`` and ``timeout``) in one start of the ranks: starting them costs more than
+    a small model's step. Returns, per run, each rank's reading (bytes)."""
+    import queue as _queue
+
+    import torch.multiprocessing as mp
+
+    from . import distributed as D
+
+    world_size = D.check_world_size(world_size)
+    jobs = []
+    for r in runs:
+        unknown = set(r) - {"factory", "strategy", "batch_size", "optimizer", "dtype", "steps"}
+        if unknown or "factory" not in r or "strategy" not in r or "batch_size" not in r:
+            raise ValueError(f"a run needs factory, strategy and batch_size (optimizer, dtype, steps optional); "
+                             f"got {sorted(r)}")
+        jobs.append((r["factory"], D.resolve_strategy(r["strategy"]), r["batch_size"], r.get("optimizer", "adam"),
+                     r.get("dtype"), r.get("steps", 2)))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    procs = []
+    results: dict[int, list[RankReading]] = {}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="vramlab-dist-") as tmp:
+        rdzv = os.path.join(tmp, "rendezvous")
+        try:
+            os.environ.update(env)  # spawn passes the environment at start
+            for r in range(world_size):
+                p = ctx.Process(target=_rank_main, args=(r, world_size, rdzv, timeout, jobs, q), daemon=True)
+                p.start()
+                procs.append(p)
+            deadline = time.monotonic() + timeout
+            while len(results) + len(errors) < world_size and time.monotonic() < deadline:
+                try:
+                    kind, rank, payload = q.get(timeout=1.0)
+                except _queue.Empty:
+                    if not any(p.is_alive() for p in procs) and q.empty():
+                        break
+                    continue
+                if kind == "ok":
+                    results[rank] = payload
+                else:
+                    errors.append(f"rank {rank}:\n{payload}")
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+    if errors:
+        raise RuntimeError("a rank failed: " + errors[0])
+    if len(results) < world_size:
+        raise RuntimeError(f"{world_size - len(results)} of {world_size} ranks did not finish within {timeout} s")
+    return [[results[rank][i] for rank in range(world_size)] for i in range(len(jobs))]
 
 
 def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,

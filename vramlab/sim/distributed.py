@@ -1,0 +1,399 @@
+"""Data-parallel strategies for :func:`~vramlab.sim.estimate.estimate`: one rank's memory.
+
+``estimate(..., world_size=N, strategy="fsdp")`` gives the peak of ONE rank of an
+``N``-rank data-parallel job. It does not re-derive what each strategy shards: it runs
+torch's own wrappers on fake tensors, in this one process, on torch's *fake process group*
+(``torch.testing._internal.distributed.fake_pg``: a process group of ``N`` ranks whose
+collectives move no data), so that every buffer the wrapper allocates on the rank's device
+is counted by the estimate's ledger. The strategies:
+
+- ``"ddp"``: :class:`torch.nn.parallel.DistributedDataParallel`. Full parameters, gradients
+  and optimizer state on every rank, plus the reducer's flat gradient buckets
+  (``bucket_cap_mb=25``, the first bucket 1 MiB; with ``gradient_as_bucket_view=False``,
+  torch's default, the gradients are copied into them: two copies of the gradients).
+- ``"zero1"``: DDP plus :class:`torch.distributed.optim.ZeroRedundancyOptimizer`, as torch's
+  documentation pairs them: each rank keeps the optimizer state of its partition (parameters
+  assigned greedily, largest first, to the rank holding the fewest elements so far).
+- ``"zero2"``: *modelled by vramlab, not torch's and not DeepSpeed's*: torch has no ZeRO-2.
+  The ZeroRedundancyOptimizer partition; no DDP; each gradient, once accumulated, is reduced
+  to the rank that owns its parameter (``dist.reduce``) and dropped on every other rank, so a
+  rank keeps the gradients of its partition only. No gradient buckets (DeepSpeed's
+  ``reduce_bucket_size`` buffers are not modelled).
+- ``"fsdp"``: FSDP2, :func:`torch.distributed.fsdp.fully_shard` (ZeRO-3-like). Parameters,
+  gradients and optimizer state sharded on dim 0 (padded to a multiple of ``N`` rows), plus
+  the all-gathered parameters of the units being computed (FSDP2 prefetches the next unit in
+  backward) and the reduce-scatter buffers. The model is built on the meta device, sharded
+  (each child of an ``nn.ModuleList``/``nn.Sequential`` that has parameters is a unit, then
+  the root), and materialised with ``to_empty``, as FSDP2's documentation does it.
+
+For ZeRO every rank is estimated (their partitions differ, and the rank holding the most
+optimizer state is not always the one with the highest peak: gradients arrive at different
+times) and the highest peak is reported; DDP's ranks are alike, and FSDP's nearly (every
+shard's storage is padded to the same size; the last rank's unpadded shard is smaller, and
+measured its peak lower by a few KiB): rank 0, the highest, is estimated. ``batch_size`` is per rank.
+
+:func:`vramlab.sim.estimate.measure_distributed` runs the very same steps for real: ``N`` processes on the CPU,
+torch.distributed's gloo backend, each rank under a :class:`~vramlab.VirtualGPU`, and returns
+each rank's measured peak. What the VirtualGPU sees: every storage the rank's Python thread
+creates (DDP's C++ reducer allocates its buckets on that thread and they are counted);
+gloo's own temporaries, made on its worker threads inside a collective, are not counted
+(on a GPU, NCCL's buffers lie outside PyTorch's allocator too). It is the CPU's gloo: NCCL
+and CUDA streams (where FSDP2 overlaps communication and may hold more buffers at once) are
+not measured here.
+
+All sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+from .._extras import require_torch
+
+require_torch("vramlab's distributed estimate")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass  # noqa: E402
+
+from .ledger import Ledger, LedgerHooks, _alias_flags, storage_of  # noqa: E402
+
+__all__ = ["DDP", "ZeRO1", "ZeRO2", "FSDP", "Strategy", "STRATEGIES", "resolve_strategy", "check_world_size",
+           "fake_process_group", "StepKit", "prepare", "optimizer_class", "device_mesh", "ShardLedger",
+           "counted_storage_resize", "shard_virtual_gpu"]
+
+
+@dataclass(frozen=True)
+class DDP:
+    """DistributedDataParallel. ``bucket_cap_mb``: bucket size in MiB (torch's default 25);
+    ``gradient_as_bucket_view``: gradients are views into the buckets (one copy) instead of
+    being copied into them (two copies, torch's default)."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    name: str = field(default="ddp", init=False)
+
+
+@dataclass(frozen=True)
+class ZeRO1:
+    """DDP (its options as :class:`DDP`'s) plus ZeroRedundancyOptimizer: sharded optimizer state."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    parameters_as_bucket_view: bool = False
+    name: str = field(default="zero1", init=False)
+
+
+@dataclass(frozen=True)
+class ZeRO2:
+    """vramlab's model of ZeRO-2 (module docs): ZeroRedundancyOptimizer's partition, each
+    gradient reduced to its owner and dropped elsewhere. Modelled; torch has no ZeRO-2."""
+
+    name: str = field(default="zero2", init=False)
+
+
+@dataclass(frozen=True)
+class FSDP:
+    """FSDP2 ``fully_shard``. ``units``: ``model -> iterable of submodules`` to shard as units
+    before the root (default: every child of an ``nn.ModuleList`` or ``nn.Sequential`` that
+    has parameters); ``reshard_after_forward``: as ``fully_shard``'s (default ``True``)."""
+
+    units: Optional[Callable[[nn.Module], Iterable[nn.Module]]] = None
+    reshard_after_forward: bool = True
+    name: str = field(default="fsdp", init=False)
+
+
+Strategy = Union[DDP, ZeRO1, ZeRO2, FSDP]
+
+#: Strategies by name, for ``strategy="fsdp"``.
+STRATEGIES: dict[str, Callable[[], Strategy]] = {"ddp": DDP, "zero1": ZeRO1, "zero2": ZeRO2, "fsdp": FSDP}
+
+
+def resolve_strategy(spec: Any) -> Strategy:
+    """A strategy from its name (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"fsdp"``) or an instance."""
+    if isinstance(spec, (DDP, ZeRO1, ZeRO2, FSDP)):
+        return spec
+    if isinstance(spec, str) and spec.lower() in STRATEGIES:
+        return STRATEGIES[spec.lower()]()
+    raise ValueError(f"unknown strategy {spec!r}; known: {', '.join(STRATEGIES)} (or DDP(...), ZeRO1(...), "
+                     f"ZeRO2(), FSDP(...) from vramlab.sim.distributed)")
+
+
+def check_world_size(world_size: Any) -> int:
+    """``world_size`` as an int >= 1, or one clear ``ValueError``."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1; got {world_size!r}")
+    return world_size
+
+
+# --------------------------------------------------------------------------- the fake group
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """Make torch's fake process group (``world_size`` ranks, this process is ``rank``) the
+    default group for the block, and destroy it after. Refuses when a default group exists."""
+    if dist.is_initialized():
+        raise RuntimeError("estimate(world_size=...) runs the strategy on torch's fake process group, which must be "
+                           "the default group: call it in a process where torch.distributed is not initialised")
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+class ShardLedger(Ledger):
+    r"""A :class:`~vramlab.sim.ledger.Ledger` that counts a tensor subclass by what it holds.
+
+    FSDP2's sharded parameters, gradients and optimizer state are ``DTensor``\ s: wrapper
+    subclasses whose own "storage" has the *global* shape's size and no data, while the
+    rank's memory is the local shard inside. The plain ledger (and so a plain VirtualGPU)
+    counts the wrapper: the full tensor's bytes on every rank (measured: twice the shard on
+    2 ranks), and a fake-tensor ledger counts nothing. This one counts the inner tensors of
+    every traceable wrapper subclass (``__tensor_flatten__``) instead of the wrapper.
+    """
+
+    def _account(self, func: Any, outs: Any, single: bool) -> None:
+        # An operator returning one ``Tensor(a)[]`` (``split``, ``chunk``, ``unbind``) returns
+        # views, all of them: the plain ledger treats the 2nd and later as fresh, which counts
+        # the whole storage of a tensor it did not see created (gloo's reduce-scatter splits a
+        # temporary it made in C++, off the books; NCCL has no such torch tensor).
+        if not single and isinstance(outs, list):
+            flags = _alias_flags(func)
+            if len(flags) == 1 and flags[0]:
+                for t in outs:
+                    if isinstance(t, torch.Tensor) and self.counts(t):
+                        st = storage_of(t)
+                        rec = self.table.get(id(st)) if st is not None else None
+                        if rec is not None and rec.raw != st.nbytes():
+                            self._regrow(st, rec)
+                return
+        super()._account(func, outs, single)
+
+    def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
+        if is_traceable_wrapper_subclass(t):
+            names, _ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+            for n in names:
+                inner = getattr(t, n)
+                if isinstance(inner, torch.Tensor):
+                    self._one(inner, alias, new)
+            return
+        super()._one(t, alias, new)
+
+
+@contextlib.contextmanager
+def counted_storage_resize(acct: Ledger) -> Iterator[None]:
+    """Route ``UntypedStorage.resize_`` through ``acct`` for the block, as a VirtualGPU does:
+    FSDP2 frees and re-allocates its all-gather buffers with ``storage.resize_``, which no
+    dispatch mode sees. Only the calling thread's resizes are counted."""
+    import threading
+
+    orig = torch.UntypedStorage.resize_
+    me = threading.get_ident()
+
+    def resize_(st: torch.UntypedStorage, size: int) -> Any:
+        if threading.get_ident() != me:
+            return orig(st, size)
+        return acct.storage_resize(orig, st, size)
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = orig  # type: ignore[method-assign]
+
+
+def shard_virtual_gpu(capacity: int = 2**60) -> Any:
+    """A :class:`~vramlab.VirtualGPU` whose books are a :class:`ShardLedger` (same
+    capacity, hooks and OOMs; DTensors counted by their local shards). Bytes."""
+    from .virtual_gpu import VirtualGPU
+
+    gpu = VirtualGPU(capacity)
+    old = gpu.ledger
+    gpu._acct = ShardLedger(old.budget, round_blocks=old.round_blocks, fake=False, on_oom=old.on_oom)
+    gpu._hooks = LedgerHooks(gpu._acct)
+    return gpu
+
+
+# --------------------------------------------------------------------------- building a rank
+
+
+def _default_units(model: nn.Module) -> list[nn.Module]:
+    """Every child of an ``nn.ModuleList``/``nn.Sequential`` that has parameters, inner ones
+    first (``fully_shard`` wants a unit's sub-units sharded before it)."""
+    out: list[nn.Module] = []
+    seen: set[int] = set()
+
+    def walk(m: nn.Module) -> None:
+        for c in m.children():
+            walk(c)
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and id(c) not in seen \
+                    and any(True for _ in c.parameters()):
+                seen.add(id(c))
+                out.append(c)
+
+    walk(model)
+    return out
+
+
+def optimizer_class(spec: Any, optimizers: dict[str, type]) -> tuple[type, dict[str, Any]]:
+    """The Optimizer class ZeroRedundancyOptimizer needs, from a name (in ``optimizers``) or a
+    class; a factory or an instance gets one ``TypeError``."""
+    cls = optimizers.get(spec.lower()) if isinstance(spec, str) else spec
+    if cls is None:
+        raise ValueError(f"unknown optimizer {spec!r}; known: {', '.join(optimizers)}")
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise TypeError("ZeRO strategies need the optimizer as a name or an Optimizer class (ZeroRedundancyOptimizer "
+                        f"builds one per partition); got {spec!r}")
+    return cls, {}
+
+
+def _local(t: Any) -> Any:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _classify_sharded(acct: Any, model: nn.Module, opt: Any) -> None:
+    """Give DTensor locals (FSDP's shards) their breakdown categories; the ledger's own
+    hooks see only plain tensors."""
+    for p in model.parameters():
+        acct.classify(_local(p), "parameters", force=True)
+        if p.grad is not None:
+            acct.classify(_local(p.grad), "gradients", force=True)
+    if opt is not None:
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    acct.classify(_local(v), "optimizer_state", force=True)
+
+
+def _zero2_hooks(model: nn.Module, opt: Any, rank: int) -> list[Any]:
+    owner: dict[int, int] = {}
+    for r, groups in enumerate(opt._partition_parameters()):
+        for g in groups:
+            for p in g["params"]:
+                owner[id(p)] = r
+
+    def reduce_to_owner(p: torch.Tensor) -> None:
+        dst = owner[id(p)]
+        dist.reduce(p.grad, dst=dst)
+        if dst != rank:
+            p.grad = None  # this rank keeps only its partition's gradients
+
+    return [p.register_post_accumulate_grad_hook(reduce_to_owner) for p in model.parameters() if p.requires_grad]
+
+
+def device_mesh(strategy: Strategy) -> Any:
+    """FSDP's 1-D CPU device mesh over the default group (``None`` for the other strategies).
+    Made before the ledger is entered: it is bookkeeping, and a fake tensor could not hold
+    its rank map."""
+    if not isinstance(strategy, FSDP):
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+@dataclass(frozen=True)
+class StepKit:
+    """What :func:`prepare` needs of the single-device step (``vramlab.sim.estimate`` passes
+    its own functions: this module does not import it)."""
+
+    build_on_meta: Callable[[Callable[[], nn.Module], Optional[torch.dtype]], nn.Module]
+    materialize: Callable[[nn.Module], None]
+    init_parameters: Callable[[nn.Module], None]
+    make_optimizer: Callable[[Any, nn.Module, bool], Any]
+    optimizers: dict[str, type]
+
+
+def prepare(strategy: Strategy, build_model: Callable[[], nn.Module], dtype: Optional[torch.dtype], optimizer: Any,
+            cuda_like: bool, acct: Any, hooks: Any, kit: StepKit, mesh: Any = None) -> tuple[nn.Module, Any, list[Any]]:
+    """Build one rank's model and optimizer under ``strategy``, with the default process
+    group (fake or real) already set up and the ledger ``acct`` active (``mesh``: from
+    :func:`device_mesh`, for FSDP). Returns the model to step, the optimizer and any hook
+    handles to remove after."""
+    rank = dist.get_rank()
+    model = kit.build_on_meta(build_model, dtype)
+    extra: list[Any] = []
+    if isinstance(strategy, FSDP):
+        from torch.distributed.fsdp import fully_shard
+
+        units = list(strategy.units(model)) if strategy.units is not None else _default_units(model)
+        for u in units:
+            fully_shard(u, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
+        model.to_empty(device="cpu")
+        kit.init_parameters(model)
+        opt = kit.make_optimizer(optimizer, model, cuda_like)
+        _classify_sharded(acct, model, None)
+        if opt is not None:
+            extra.append(opt.register_step_post_hook(lambda o, a, k: _classify_sharded(acct, model, o)))
+        return model, opt, extra
+    kit.materialize(model)
+    kit.init_parameters(model)
+    hooks.classify_module(model, recurse=True)
+    opt = None
+    if isinstance(strategy, (ZeRO1, ZeRO2)) and optimizer is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        cls, kw = optimizer_class(optimizer, kit.optimizers)
+        if cuda_like and "foreach" in cls.__init__.__code__.co_varnames:
+            kw["foreach"] = True
+        params = [p for p in model.parameters() if p.requires_grad]
+        pab = getattr(strategy, "parameters_as_bucket_view", False)
+        opt = ZeroRedundancyOptimizer(params, optimizer_class=cls, parameters_as_bucket_view=pab, **kw)
+        if isinstance(strategy, ZeRO2):
+            extra.extend(_zero2_hooks(model, opt, rank))
+    if isinstance(strategy, (DDP, ZeRO1)):
+        from torch.nn.parallel import DistributedDataParallel
+
+        # On fake tensors DDP's start-up check and broadcast cannot read data: skipped. For real
+        # ranks they run (their flat broadcast buffers are freed before the first step).
+        fake = isinstance(next(iter(model.parameters()), None), FakeTensor)
+        model = DistributedDataParallel(model, bucket_cap_mb=strategy.bucket_cap_mb,
+                                        gradient_as_bucket_view=strategy.gradient_as_bucket_view,
+                                        init_sync=not fake)
+        if fake:  # the fake group's futures carry no tensor: complete each bucket in place, as allreduce does
+            model.register_comm_hook(None, _fake_allreduce_hook)
+            model.reducer = _KeepBuckets(model.reducer)
+    if opt is None:
+        opt = kit.make_optimizer(optimizer, model, cuda_like)
+    return model, opt, extra
+
+
+class _KeepBuckets:
+    """DDP's reducer, except that it keeps its first buckets. After the first backward a real
+    reducer rebuilds them in the order gradients became ready (the same parameters, so the
+    same bytes; the old buckets are freed first), syncing the new order across ranks with a
+    tensor whose data a fake tensor does not have."""
+
+    def __init__(self, reducer: Any) -> None:
+        object.__setattr__(self, "_reducer", reducer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+def _fake_allreduce_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    buf = bucket.buffer()
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buf)  # in place, like the default hook's allreduce of the bucket
+    return fut
+
+
+# DDP checks the hook's annotations as objects (this module's are strings: ``annotations``)
+_fake_allreduce_hook.__annotations__.update(bucket=dist.GradBucket, state=object,
+                                            **{"return": torch.futures.Future[torch.Tensor]})
