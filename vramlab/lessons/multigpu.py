@@ -30,12 +30,6 @@ Sizes are in bytes.
 
 from __future__ import annotations
 
-import datetime
-import os
-import queue as _queue
-import tempfile
-import time
-import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -187,16 +181,9 @@ def _rank_step(rank: int, world_size: int, strategy: str, factory: Callable[[], 
     return CommCount(rank=rank, payload=dict(counter.payload), calls=dict(counter.calls), parameter_bytes=param_bytes)
 
 
-def _rank_main(rank: int, world_size: int, rdzv: str, timeout_s: float, jobs: list, q: Any) -> None:
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        try:
-            q.put(("ok", rank, [_rank_step(rank, world_size, *job) for job in jobs]))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        q.put(("error", rank, traceback.format_exc(limit=8)))
+def _comm_jobs(jobs: list) -> list[CommCount]:
+    """In a rank of :func:`vramlab.sim.distributed.run_ranks`: count each job's step."""
+    return [_rank_step(dist.get_rank(), dist.get_world_size(), *job) for job in jobs]
 
 
 def communication_per_step(factory: Callable[[], tuple], *, strategy: str, world_size: int, batch_size: int,
@@ -225,45 +212,8 @@ def communication_per_step_many(factory: Callable[[], tuple], *, strategies: tup
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
         raise ValueError(f"world_size must be an int of at least 2; got {world_size!r}")
-    import torch.multiprocessing as mp
+    from ..sim.distributed import run_ranks
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    old = {k: os.environ.get(k) for k in env}
-    procs, results, errors = [], {}, []
-    with tempfile.TemporaryDirectory(prefix="vramlab-comm-") as tmp:
-        try:
-            os.environ.update(env)  # the children inherit it at start
-            for r in range(world_size):
-                jobs = [(s, factory, batch_size) for s in strategies]
-                p = ctx.Process(target=_rank_main, args=(r, world_size, os.path.join(tmp, "rdzv"), timeout, jobs, q),
-                                daemon=True)
-                p.start()
-                procs.append(p)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        deadline = time.monotonic() + timeout
-        try:
-            while len(results) + len(errors) < world_size and time.monotonic() < deadline:
-                try:
-                    kind, rank, payload = q.get(timeout=1.0)
-                except _queue.Empty:
-                    if not any(p.is_alive() for p in procs) and q.empty():
-                        break
-                    continue
-                (results.__setitem__(rank, payload) if kind == "ok" else errors.append(f"rank {rank}:\n{payload}"))
-        finally:
-            for p in procs:
-                p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
-    if errors or len(results) < world_size:
-        missing = sorted(set(range(world_size)) - set(results))
-        raise RuntimeError("the ranks failed: " + ("\n".join(errors) or f"ranks {missing} gave no result in {timeout:g} s"))
-    return {s: [results[r][i] for r in range(world_size)] for i, s in enumerate(strategies)}
+    per_rank = run_ranks(_comm_jobs, [(s, factory, batch_size) for s in strategies], world_size=world_size,
+                         timeout=timeout)
+    return {s: [per_rank[r][i] for r in range(world_size)] for i, s in enumerate(strategies)}

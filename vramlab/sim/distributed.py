@@ -47,6 +47,11 @@ All sizes are in bytes.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
+import signal
+import tempfile
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
@@ -64,7 +69,7 @@ from .ledger import Ledger, LedgerHooks, _alias_flags, storage_of  # noqa: E402
 
 __all__ = ["DDP", "ZeRO1", "ZeRO2", "FSDP", "Strategy", "STRATEGIES", "resolve_strategy", "check_world_size",
            "fake_process_group", "StepKit", "prepare", "optimizer_class", "device_mesh", "ShardLedger",
-           "counted_storage_resize", "shard_virtual_gpu"]
+           "counted_storage_resize", "shard_virtual_gpu", "run_ranks"]
 
 
 @dataclass(frozen=True)
@@ -397,3 +402,83 @@ def _fake_allreduce_hook(state: object, bucket: dist.GradBucket) -> torch.future
 # DDP checks the hook's annotations as objects (this module's are strings: ``annotations``)
 _fake_allreduce_hook.__annotations__.update(bucket=dist.GradBucket, state=object,
                                             **{"return": torch.futures.Future[torch.Tensor]})
+
+
+def _spawned_rank(rank: int, world_size: int, rdzv: str, timeout_s: float, rank_fn: Callable[[Any], Any], job: Any,
+                  q: Any) -> None:
+    """One spawned rank: join the gloo group, run ``rank_fn(job)``, send back its result or its traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # whatever the parent ignored
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import warnings
+
+        warnings.simplefilter("ignore")  # a rank says nothing (DTensor's CPU RNG warning, ...)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            q.put(("ok", rank, rank_fn(job)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # the parent reports it; a child never prints
+        q.put(("error", rank, traceback.format_exc(limit=8)))
+
+
+def run_ranks(rank_fn: Callable[[Any], Any], job: Any, *, world_size: int, timeout: float) -> list[Any]:
+    """Run ``rank_fn(job)`` on ``world_size`` spawned CPU processes joined in a gloo process
+    group (a ``file://`` rendezvous in a temporary folder); return each rank's result, rank 0
+    first. ``rank_fn`` and ``job`` must be picklable (module-level). The ranks get one thread
+    each and SIGINT/SIGTERM at their defaults; ``timeout`` (seconds) bounds the whole run.
+
+    Raises:
+        RuntimeError: a rank failed (its traceback in the message) or did not finish in time.
+    """
+    import queue as _queue
+    import time
+
+    import torch.multiprocessing as mp
+
+    world_size = check_world_size(world_size)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    procs = []
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="vramlab-ranks-") as tmp:
+        rdzv = os.path.join(tmp, "rendezvous")
+        try:
+            os.environ.update(env)  # spawn passes the environment at start
+            for r in range(world_size):
+                p = ctx.Process(target=_spawned_rank, args=(r, world_size, rdzv, timeout, rank_fn, job, q), daemon=True)
+                p.start()
+                procs.append(p)
+            deadline = time.monotonic() + timeout
+            while len(results) + len(errors) < world_size and time.monotonic() < deadline:
+                try:
+                    kind, rank, payload = q.get(timeout=1.0)
+                except _queue.Empty:
+                    if not any(p.is_alive() for p in procs) and q.empty():
+                        break
+                    continue
+                if kind == "ok":
+                    results[rank] = payload
+                else:
+                    errors.append(f"rank {rank}:\n{payload}")
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+    if errors:
+        raise RuntimeError("a rank failed: " + errors[0])
+    if len(results) < world_size:
+        raise RuntimeError(f"{world_size - len(results)} of {world_size} ranks did not finish within {timeout} s")
+    return [results[rank] for rank in range(world_size)]

@@ -28,14 +28,9 @@ All sizes are in bytes.
 
 from __future__ import annotations
 
-import datetime
 import html
 import inspect
-import os
-import signal
-import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
@@ -498,24 +493,9 @@ class RankReading:
     after: int
 
 
-def _rank_main(rank: int, world_size: int, rdzv: str, timeout_s: float, jobs: list, q: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # whatever the parent ignored
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        import warnings
-
-        import torch.distributed as dist
-
-        warnings.simplefilter("ignore")  # a measuring rank says nothing (DTensor's CPU RNG warning, ...)
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        try:
-            q.put(("ok", rank, [_measure_rank(*job) for job in jobs]))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:  # the parent reports it; a child never prints
-        q.put(("error", rank, traceback.format_exc(limit=8)))
+def _measure_jobs(jobs: list) -> list[RankReading]:
+    """In a rank of :func:`~vramlab.sim.distributed.run_ranks`: measure each job."""
+    return [_measure_rank(*job) for job in jobs]
 
 
 def _measure_rank(factory: Callable[[], tuple], strategy: Any, batch_size: int, optimizer: Any,
@@ -557,10 +537,6 @@ def measure_distributed_many(runs: list[dict[str, Any]], *, world_size: int,
     """:func:`measure_distributed` for several runs (dicts of its keyword arguments but
     ``world_size`` and ``timeout``) in one start of the ranks: starting them costs more than
     a small model's step. Returns, per run, each rank's reading (bytes)."""
-    import queue as _queue
-
-    import torch.multiprocessing as mp
-
     from . import distributed as D
 
     world_size = D.check_world_size(world_size)
@@ -572,49 +548,8 @@ def measure_distributed_many(runs: list[dict[str, Any]], *, world_size: int,
                              f"got {sorted(r)}")
         jobs.append((r["factory"], D.resolve_strategy(r["strategy"]), r["batch_size"], r.get("optimizer", "adam"),
                      r.get("dtype"), r.get("steps", 2)))
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    old = {k: os.environ.get(k) for k in env}
-    procs = []
-    results: dict[int, list[RankReading]] = {}
-    errors: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="vramlab-dist-") as tmp:
-        rdzv = os.path.join(tmp, "rendezvous")
-        try:
-            os.environ.update(env)  # spawn passes the environment at start
-            for r in range(world_size):
-                p = ctx.Process(target=_rank_main, args=(r, world_size, rdzv, timeout, jobs, q), daemon=True)
-                p.start()
-                procs.append(p)
-            deadline = time.monotonic() + timeout
-            while len(results) + len(errors) < world_size and time.monotonic() < deadline:
-                try:
-                    kind, rank, payload = q.get(timeout=1.0)
-                except _queue.Empty:
-                    if not any(p.is_alive() for p in procs) and q.empty():
-                        break
-                    continue
-                if kind == "ok":
-                    results[rank] = payload
-                else:
-                    errors.append(f"rank {rank}:\n{payload}")
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            for p in procs:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
-    if errors:
-        raise RuntimeError("a rank failed: " + errors[0])
-    if len(results) < world_size:
-        raise RuntimeError(f"{world_size - len(results)} of {world_size} ranks did not finish within {timeout} s")
-    return [[results[rank][i] for rank in range(world_size)] for i in range(len(jobs))]
+    per_rank = D.run_ranks(_measure_jobs, jobs, world_size=world_size, timeout=timeout)
+    return [[per_rank[rank][i] for rank in range(world_size)] for i in range(len(jobs))]
 
 
 def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
