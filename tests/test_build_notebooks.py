@@ -27,7 +27,7 @@ def test_every_notebook_has_a_source_and_every_source_a_notebook():
     built = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert built == [p.stem for p in SOURCES]
     assert [p.stem[:3] for p in SOURCES] == [f"{i:02d}_" for i in range(len(SOURCES))]  # lessons 00, 01, ... in order
-    assert len(SOURCES) == 10
+    assert len(SOURCES) == 11
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)

@@ -30,6 +30,7 @@
 # | 07 host-RAM hygiene | `del` and the garbage collector; the traceback that keeps an OOM alive; the allocator's cache | B4, B5 | 20 min |
 # | 08 the anatomy of training memory | one step phase by phase; bytes per parameter; the estimate against the measurement | C1 | 20 min |
 # | 09 a 7B fine-tune on GPUs you do not have | four recipes on four cards, from the estimate | C1 | 15 min |
+# | 10 beyond one GPU | memory per rank under DDP, ZeRO and FSDP, measured on real ranks; what each sends per step; a 7B fine-tune on 8 × H100; DataLoader workers | C1 | 25 min |
 #
 # Every lesson asks a question about memory and lets you predict the answer: the prediction
 # cells start empty (`None`), and the measuring cell prints your guess beside the measurement when

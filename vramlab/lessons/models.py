@@ -93,11 +93,13 @@ class GPT(nn.Module):
 
 
 def gpt_config(size: str = "0.8B") -> dict[str, int]:
-    """GPT sizes by parameter count: ``"tiny"`` (~5M), ``"small"`` (~30M), ``"0.8B"`` (~0.8B)."""
+    """GPT sizes by parameter count: ``"tiny"`` (~5M), ``"small"`` (~30M), ``"0.8B"`` (~0.8B), ``"7B"``
+    (6.6B: the shape of the 7B open models, hidden size 4096, 32 layers, a 32,000-token vocabulary)."""
     table = {
         "tiny": dict(vocab=8192, d=256, layers=4, heads=4, context=256),
         "small": dict(vocab=16384, d=512, layers=8, heads=8, context=512),
         "0.8B": dict(vocab=32000, d=1536, layers=26, heads=16, context=1024),
+        "7B": dict(vocab=32000, d=4096, layers=32, heads=32, context=512),
     }
     if size not in table:
         raise ValueError(f"unknown GPT size {size!r}; known: {', '.join(table)}")
