@@ -40,7 +40,7 @@ def test_show_subcommand_is_the_default(ip):
     ("show extra", "takes no arguments"),
     # an option of another subcommand is an error, never silently ignored
     ("--json watch", "--json goes with %vram show, not %vram watch"),
-    ("--uss history", "--uss goes with %vram show"),
+    ("--uss history", "--uss goes with %vram show and %vram auto and %%vram"),
     ("--last 3", "--last goes with %vram history, not %vram show"),
     ("--samples history", "--samples goes with %vram export"),
     ("--keep-peaks show", "--keep-peaks goes with %vram auto and %%vram"),
@@ -238,10 +238,10 @@ def test_oom_in_a_cell_is_explained(ip):
 
 
 @pytest.mark.parametrize("line", ["--json", "--last 2", "--interval 1", "history"])
-def test_cell_magic_rejects_every_option_but_keep_peaks(ip, line):
+def test_cell_magic_rejects_every_option_but_keep_peaks_and_uss(ip, line):
     ip.run_line_magic("load_ext", "vramlab")
     ip.user_ns.pop("ran", None)
-    with pytest.raises(UsageError, match="%%vram takes only --keep-peaks"):
+    with pytest.raises(UsageError, match="%%vram takes only --keep-peaks and --uss"):
         ip.run_cell_magic("vram", line, "ran = True")
     assert "ran" not in ip.user_ns  # the cell did not run
 
@@ -284,3 +284,20 @@ def test_rerunning_a_watch_cell_fifty_times_leaves_one_monitor_and_one_renderer(
         for m in vramlab.api.monitors():
             m.close()
     assert get_sampler()._listeners == []
+
+
+def test_uss_reaches_the_cell_record_of_percent_percent_vram_and_of_auto(ip):
+    """--uss makes a cell's record read the USS of the kernel's children; without it, not."""
+    import vramlab
+
+    ip.run_line_magic("load_ext", "vramlab")
+    ip.run_cell_magic("vram", "--uss", "x = 1")
+    assert vramlab.last().host.children_uss_end is not None
+    ip.run_cell_magic("vram", "", "x = 2")
+    assert vramlab.last().host.children_uss_end is None
+    ip.run_line_magic("vram", "auto on --uss")
+    try:
+        ip.run_cell("x = 3")
+        assert vramlab.last().host.children_uss_end is not None
+    finally:
+        ip.run_line_magic("vram", "auto off")

@@ -29,6 +29,7 @@ class CellEvents:
         self.shell = shell
         self.auto = False
         self.keep_peaks = False
+        self.uss = False  # %vram auto on --uss: also read the USS of this process and its children
         self.in_cell_magic = False
         self._token: Any = None
 
@@ -44,7 +45,7 @@ class CellEvents:
             if self.auto and not raw.lstrip().startswith("%%vram"):
                 from ..runtime.records import get_recorder
 
-                self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks)
+                self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks, uss=self.uss)
         except Exception:
             self._token = None
 

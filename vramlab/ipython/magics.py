@@ -56,15 +56,18 @@ SUBCOMMANDS: dict[str, str] = {
 
 _NO_ARGS = ("show", "watch", "stop", "history", "plot", "free", "last")
 
-#: option (argparse dest) -> (its flag, the subcommands it applies to); ``%%vram`` takes only --keep-peaks
+#: option (argparse dest) -> (its flag, the subcommands it applies to); ``%%vram`` takes only the
+#: options in :data:`_CELL_OPTIONS`
 _OPTION_SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "json": ("--json", ("show",)),
-    "uss": ("--uss", ("show",)),
+    "uss": ("--uss", ("show", "auto")),
     "interval": ("--interval", ("watch",)),
     "keep_peaks": ("--keep-peaks", ("auto",)),
     "samples": ("--samples", ("export",)),
     "last": ("--last", ("history",)),
 }
+#: the options ``%%vram`` takes (they apply to its one cell as to every cell of ``%vram auto``)
+_CELL_OPTIONS = ("keep_peaks", "uss")
 
 
 @magics_class
@@ -80,7 +83,8 @@ class VramMagics(Magics):
               help="one of: " + ", ".join(SUBCOMMANDS) + " (default: show)")
     @argument("rest", nargs="*", metavar="ARG", help="arguments of the subcommand (auto: on|off; export: PATH)")
     @argument("--json", action="store_true", help="show: print the snapshot as a JSON dict")
-    @argument("--uss", action="store_true", help="show: also read this process's USS (slower)")
+    @argument("--uss", action="store_true",
+              help="show, %%%%vram and auto: also read the USS of this process and of its children (slower)")
     @argument("--interval", type=str, default=None, metavar="SECONDS",
               help="watch: sampling interval in seconds (default 0.5)")
     @argument("--keep-peaks", action="store_true",
@@ -93,11 +97,11 @@ class VramMagics(Magics):
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a %%vram cell's traceback
         args = self._parse(line)
         if cell is not None:
-            stray = [flag for dest, (flag, _) in _OPTION_SCOPE.items() if dest != "keep_peaks" and _given(args, dest)]
+            stray = [flag for dest, (flag, _) in _OPTION_SCOPE.items() if dest not in _CELL_OPTIONS and _given(args, dest)]
             if args.command is not None or args.rest or stray:
                 got = " ".join([*stray, *([args.command] if args.command else []), *args.rest])
-                raise UsageError(f"%%vram takes only --keep-peaks, got {got!r}\n{self._usage()}")
-            return self._cell(cell, keep_peaks=args.keep_peaks)
+                raise UsageError(f"%%vram takes only --keep-peaks and --uss, got {got!r}\n{self._usage()}")
+            return self._cell(cell, keep_peaks=args.keep_peaks, uss=args.uss)
         command = args.command or "show"
         if command not in SUBCOMMANDS:
             raise UsageError(f"unknown subcommand {command!r}; choose one of: {', '.join(SUBCOMMANDS)}\n{self._usage()}")
@@ -105,7 +109,7 @@ class VramMagics(Magics):
             raise UsageError(f"%vram {command} takes no arguments, got {' '.join(args.rest)!r}\n{self._usage()}")
         for dest, (flag, scope) in _OPTION_SCOPE.items():
             if _given(args, dest) and command not in scope:
-                where = " and ".join(f"%vram {c}" for c in scope) + (" and %%vram" if dest == "keep_peaks" else "")
+                where = " and ".join(f"%vram {c}" for c in scope) + (" and %%vram" if dest in _CELL_OPTIONS else "")
                 raise UsageError(f"{flag} goes with {where}, not %vram {command}\n{self._usage()}")
         return getattr(self, f"_cmd_{command}")(args)
 
@@ -146,8 +150,10 @@ class VramMagics(Magics):
             raise UsageError(f"%vram auto takes on or off\n{self._usage()}")
         self._events.auto = args.rest[0] == "on"
         self._events.keep_peaks = args.keep_peaks
+        self._events.uss = args.uss
+        kept = [w for w, on in (("peak counters kept", args.keep_peaks), ("USS read", args.uss)) if on]
         print(f"[vramlab] per-cell records {'on' if self._events.auto else 'off'}"
-              + (" (peak counters kept)" if self._events.auto and args.keep_peaks else ""))
+              + (f" ({', '.join(kept)})" if self._events.auto and kept else ""))
 
     def _cmd_history(self, args: Any) -> None:
         from ..runtime.history import history
@@ -191,13 +197,13 @@ class VramMagics(Magics):
         return None
 
     # -- %%vram
-    def _cell(self, cell: str, keep_peaks: bool) -> Any:
+    def _cell(self, cell: str, keep_peaks: bool, uss: bool = False) -> Any:
         from ..runtime.records import get_recorder
 
         __tracebackhide__ = True  # noqa: F841
         rec = get_recorder()
         self._events.in_cell_magic = True
-        token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks)
+        token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks, uss=uss)
         error: Optional[BaseException] = None
         try:
             return _run_code(self.shell, cell)
