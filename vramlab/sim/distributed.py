@@ -292,8 +292,11 @@ def _zero2_hooks(model: nn.Module, opt: Any, rank: int) -> list[Any]:
     def reduce_to_owner(p: torch.Tensor) -> None:
         dst = owner[id(p)]
         dist.reduce(p.grad, dst=dst)
-        if dst != rank:
-            p.grad = None  # this rank keeps only its partition's gradients
+        if dst != rank:  # this rank keeps only its partition's gradients
+            g, p.grad = p.grad, None
+            # free its bytes now: gloo's finished work may still hold a reference for a moment
+            # (until its worker thread lets go), which would make the peak depend on timing
+            g.untyped_storage().resize_(0)
 
     return [p.register_post_accumulate_grad_hook(reduce_to_owner) for p in model.parameters() if p.requires_grad]
 
