@@ -6,21 +6,18 @@ when a notebook in ``notebooks/`` was edited by hand or not rebuilt after its so
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import nbformat
 import pytest
+from tool_modules import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "tools" / "notebooks").glob("*.py"))
 
 
 def _builder():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("build_notebooks")
 
 
 def test_every_notebook_has_a_source_and_every_source_a_notebook():

@@ -3,30 +3,21 @@ every markdown cell translated and none stale (tools/i18n.py, gettext catalogs r
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 import polib
 import pytest
+from tool_modules import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "tools" / "notebooks").glob("*.py"))
 LANGS = ["pt-BR"]
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"_tools_{name}", ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-i18n = _tool("i18n")
-build = _tool("build_notebooks")
+i18n = load_tool("i18n")
+build = load_tool("build_notebooks")
 CASES = [(lang, src.stem) for lang in LANGS for src in SOURCES]
 
 

@@ -177,7 +177,7 @@ def _names(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("update", "check", "compile"):
-        print(__doc__.strip().splitlines()[2:5] and "usage: python tools/i18n.py update|check|compile [NAME ...]")
+        print("usage: python tools/i18n.py update|check|compile [NAME ...]", file=sys.stderr)
         return 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "compile":

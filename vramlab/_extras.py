@@ -91,19 +91,23 @@ def require_torch(feature: str) -> ModuleType:
     return torch
 
 
+def _require_module(module: str, extra: str, feature: str) -> ModuleType:
+    """Import ``module`` for ``feature``, or raise :class:`MissingExtra` naming ``vramlab[extra]``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(
+            f"{feature} needs {module}, which is not installed: pip install 'vramlab[{extra}]' "
+            "(the rest of vramlab works without it)", name=module) from None
+
+
 def require_matplotlib(feature: str) -> ModuleType:
     """Import matplotlib for ``feature`` (e.g. ``"%vram plot"``) and return it.
 
     Raises:
         MissingExtra: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-    except ImportError:
-        raise MissingExtra(
-            f"{feature} needs matplotlib, which is not installed: pip install 'vramlab[plot]' "
-            "(the rest of vramlab works without it)", name="matplotlib") from None
-    return matplotlib
+    return _require_module("matplotlib", "plot", feature)
 
 
 def require_prometheus_client(feature: str) -> ModuleType:
@@ -112,10 +116,4 @@ def require_prometheus_client(feature: str) -> ModuleType:
     Raises:
         MissingExtra: prometheus_client is not installed.
     """
-    try:
-        import prometheus_client
-    except ImportError:
-        raise MissingExtra(
-            f"{feature} needs prometheus_client, which is not installed: pip install 'vramlab[prometheus]' "
-            "(the rest of vramlab works without it)", name="prometheus_client") from None
-    return prometheus_client
+    return _require_module("prometheus_client", "prometheus", feature)

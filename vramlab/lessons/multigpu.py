@@ -131,19 +131,6 @@ def _wrap_collectives(counter: _Counter) -> None:
         setattr(dist, name, wrapped)
 
 
-def _python_allreduce_hook() -> Callable:
-    """torch's own all-reduce hook, which calls ``torch.distributed.all_reduce`` from Python
-    (where the wrapper counts it); DDP's built-in path calls it from C++, out of sight."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        return allreduce_hook(state, bucket)  # type: ignore[arg-type]
-
-    # DDP checks the annotations themselves, not their names (this module's are strings)
-    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
-    return hook
-
-
 def _rank_step(rank: int, world_size: int, strategy: str, factory: Callable[[], tuple], batch_size: int) -> CommCount:
     torch.manual_seed(0)
     build, make_batch, loss_fn = factory()
@@ -162,7 +149,11 @@ def _rank_step(rank: int, world_size: int, strategy: str, factory: Callable[[], 
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(model)
-        step_model.register_comm_hook(None, _python_allreduce_hook())
+        # torch's own all-reduce hook calls torch.distributed.all_reduce from Python, where the
+        # wrapper counts it; DDP's built-in path calls it from C++, out of sight
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        step_model.register_comm_hook(None, allreduce_hook)
         if strategy == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
