@@ -133,3 +133,28 @@ def test_the_pids_of_children_are_counted_apart_from_other_processes(nvml_sim):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_pynvml_that_warns_on_import_prints_nothing(tmp_path):
+    """The deprecated ``pynvml`` package warns (FutureWarning) when imported; a snapshot stays silent."""
+    import signal
+    import subprocess
+    import sys
+
+    # a stand-in for the deprecated shim: it warns, then forwards to the simulated driver
+    (tmp_path / "pynvml.py").write_text(
+        "import warnings\n"
+        "warnings.warn('The pynvml package is deprecated.', FutureWarning)\n"
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('_sim_pynvml', {str(sc.SIM_DIR / 'pynvml.py')!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        "globals().update({k: v for k, v in vars(mod).items() if not k.startswith('__')})\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(sc.ROOT)])
+    env["VRAMLAB_NVML_SIM"] = __import__("json").dumps(sc.two_gpus())
+    env["PYTHONWARNINGS"] = "default"  # shown unless vramlab silences it
+    r = subprocess.run([sys.executable, "-c", "import vramlab; print(len(vramlab.snapshot().devices))"],
+                       capture_output=True, text=True, timeout=60, env=env,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.strip() == "2"  # the driver behind the shim was read

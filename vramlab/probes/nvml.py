@@ -33,6 +33,7 @@ import ctypes
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Optional
 
@@ -186,7 +187,12 @@ class _Nvml:
     def _init(self) -> None:
         self._tried = True
         try:
-            import pynvml  # type: ignore[import-not-found]
+            with warnings.catch_warnings():
+                # the deprecated ``pynvml`` package (a shim over nvidia-ml-py, which some tools
+                # still pull in) warns on import; vramlab already depends on nvidia-ml-py, and a
+                # probe never prints
+                warnings.simplefilter("ignore", FutureWarning)
+                import pynvml  # type: ignore[import-not-found]
         except Exception as e:  # pragma: no cover - nvidia-ml-py is a dependency
             self._reason = f"NVML unavailable: the pynvml module cannot be imported ({e})"
             return
