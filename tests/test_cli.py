@@ -195,3 +195,31 @@ def test_watch_rewrites_the_prometheus_file_and_stops_cleanly_on_sigterm(tmp_pat
     assert "Traceback" not in err and out == ""
     assert os.listdir(tmp_path) == ["vramlab.prom"]  # no temporary file left behind
     assert stamp() >= first
+
+
+def test_sigterm_inside_a_probes_except_exception_still_stops_the_watch():
+    """The start-up race: SIGTERM lands while a probe is inside ``try: ... except Exception``
+    (its fallback for an unreadable source). The watch must stop with status 0, not take the
+    signal for a failed reading and go on."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from vramlab import cli\n"
+        "calls = []\n"
+        "def reading():\n"
+        "    calls.append(1)\n"
+        "    if len(calls) > 3:\n"
+        "        print('KEPT RUNNING'); sys.exit(3)\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(10)  # the handler runs here, inside the probe's try\n"
+        "    except Exception:\n"
+        "        pass  # the probe's fallback\n"
+        "    return 'a reading'\n"
+        "args = cli.build_parser().parse_args(['--watch', '0.01'])\n"
+        "status = cli._run(reading, args)\n"
+        "print('STATUS', status, 'READINGS', len(calls))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert "KEPT RUNNING" not in r.stdout, r.stdout
+    assert r.returncode == 0 and "STATUS 0 READINGS 1" in r.stdout, (r.returncode, r.stdout, r.stderr)

@@ -62,6 +62,7 @@ def test_in_ipython_a_missing_torch_prints_one_line_and_no_traceback():
         "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
         "    ip.run_cell('import vramlab\\nvramlab.VirtualGPU(\"T4\")')\n"
         "    ip.run_cell('from vramlab.sim.estimate import estimate')\n"
+        "    ip.run_cell('vramlab.find_max_batch_size')\n"
         "print(repr(out.getvalue()))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMLAB_")}
@@ -69,7 +70,8 @@ def test_in_ipython_a_missing_torch_prints_one_line_and_no_traceback():
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     printed = eval(r.stdout.strip().splitlines()[-1])
     lines = printed.splitlines()
-    assert len(lines) == 2, printed
+    assert len(lines) == 3, printed
     assert lines[0].startswith("MissingExtra: vramlab.VirtualGPU needs PyTorch")
     assert lines[1].startswith("MissingExtra: estimate() needs PyTorch")
+    assert lines[2].startswith("MissingExtra: vramlab.find_max_batch_size needs PyTorch")
     assert all("pip install 'vramlab[sim]'" in line for line in lines)

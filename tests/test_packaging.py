@@ -114,7 +114,7 @@ def test_a_fresh_environment_without_torch_or_matplotlib(wheel, tmp_path):
 
     # what needs matplotlib or torch: one line, saying what to install, and no traceback
     for key, extra in (("plot_magic", "plot"), ("plot_api", "plot"), ("virtual_gpu", "sim"),
-                       ("estimate", "sim"), ("sim_import", "sim")):
+                       ("estimate", "sim"), ("find_max_batch_size", "sim"), ("sim_import", "sim")):
         printed, err = f[key]
         assert err is not None, key
         assert f"pip install 'vramlab[{extra}]'" in printed, (key, printed)

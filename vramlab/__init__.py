@@ -75,7 +75,7 @@ _LAZY = {
 }
 _SUBPACKAGES = ("sim", "lessons", "distributed")
 #: lazy names that need torch: asking for one without torch is one line saying what to install
-_NEEDS_TORCH = {"VirtualGPU", "estimate", "pick_device"}
+_NEEDS_TORCH = {"VirtualGPU", "estimate", "pick_device", "find_max_batch_size"}
 
 
 def __getattr__(name: str) -> Any:

@@ -174,8 +174,12 @@ def _run(render: _Output, args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived during ``--watch``."""
+class _Terminated(BaseException):
+    """SIGTERM arrived during ``--watch``.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: a probe's ``except Exception`` around
+    a reading that the signal interrupts must not swallow it and keep the watch running.
+    """
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -301,3 +301,79 @@ def test_uss_reaches_the_cell_record_of_percent_percent_vram_and_of_auto(ip):
         assert vramlab.last().host.children_uss_end is not None
     finally:
         ip.run_line_magic("vram", "auto off")
+
+
+# ---------------------------------------------------------------- the line as a shell splits it
+
+
+@pytest.mark.parametrize("line", ['"export', "'", '"', "export 'a.csv"])
+def test_an_unbalanced_quote_is_a_usage_error(ip, line):
+    ip.run_line_magic("load_ext", "vramlab")
+    with pytest.raises(UsageError, match="cannot split the arguments") as e:
+        ip.run_line_magic("vram", line)
+    assert "usage: %vram" in str(e.value)
+
+
+def test_an_unbalanced_quote_in_a_cell_is_one_line(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        r = ip.run_cell("%%vram '\nran_unbalanced = 1\n")
+    assert not r.success and "UsageError" in cap.stdout + cap.stderr
+    assert "Traceback" not in cap.stdout + cap.stderr and "ran_unbalanced" not in ip.user_ns
+
+
+@pytest.mark.parametrize("form", ['"{p}"', "'{p}'", "{e}"])
+def test_export_takes_a_quoted_or_escaped_path_with_a_space(ip, tmp_path, form):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        ip.run_cell("%%vram\nq = 1\n")
+    target = tmp_path / "my cells.csv"
+    line = "export " + form.format(p=target, e=str(target).replace(" ", "\\ "))
+    with capture_output() as cap:
+        ip.run_line_magic("vram", line)
+    assert target.exists() and target.read_text().startswith("execution_count")
+    assert str(target) in cap.stdout
+
+
+def test_an_option_may_sit_between_the_subcommand_and_its_argument(ip, tmp_path):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        ip.run_cell("%%vram\nq = 1\n")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", f"export --samples {tmp_path / 's.csv'}")
+        ip.run_line_magic("vram", "auto --keep-peaks on")
+        ip.run_line_magic("vram", "auto off")
+    assert (tmp_path / "s.csv").exists()
+    assert "per-cell records on (peak counters kept)" in cap.stdout
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "history --help"])
+def test_help_prints_the_manual(ip, flag):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", flag)
+    assert "SUBCOMMAND" in cap.stdout and "--keep-peaks" in cap.stdout
+    assert "%vram watch" in cap.stdout and "%%vram --keep-peaks" in cap.stdout  # the usage summary
+
+
+@pytest.mark.parametrize("value", ["1e10", "9.3e9", "1e308"])
+def test_an_interval_no_thread_can_wait_is_refused_before_the_sampler_starts(ip, value):
+    from vramlab.runtime.sampler import get_sampler
+
+    ip.run_line_magic("load_ext", "vramlab")
+    get_sampler().stop()
+    with pytest.raises(UsageError, match="at most"):
+        ip.run_line_magic("vram", f"watch --interval {value}")
+    assert not get_sampler().running
+
+
+def test_watch_in_a_terminal_says_where_the_terminal_monitor_is(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    assert getattr(ip, "kernel", None) is None  # the test shell is a terminal IPython
+    try:
+        with capture_output() as cap:
+            ip.run_line_magic("vram", "watch")
+    finally:
+        with capture_output():
+            ip.run_line_magic("vram", "stop")
+    assert "python -m vramlab --watch" in cap.stdout

@@ -1,7 +1,9 @@
 """``%load_ext vramlab`` and ``%unload_ext vramlab``: symmetric registration on a shell.
 
-:func:`load` registers the ``%vram``/``%%vram`` magics and two event callbacks;
-:func:`unload` removes exactly those and stops the sampler.
+:func:`load` registers the ``%vram``/``%%vram`` magics, two event callbacks and an AST
+transformer (it passes an interrupt that landed in ``pre_run_cell`` on to the cell, and
+otherwise leaves every cell as it is); :func:`unload` removes exactly those and stops the
+sampler.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def load(ip: Any) -> None:
     callbacks = [("pre_run_cell", events.pre_run_cell), ("post_run_cell", events.post_run_cell)]
     for name, fn in callbacks:
         ip.events.register(name, fn)
+    transformers = getattr(ip, "ast_transformers", None)
+    if isinstance(transformers, list):
+        transformers.append(events.interrupter)
     _REGISTERED[key] = (events, callbacks)
 
 
@@ -34,12 +39,16 @@ def unload(ip: Any) -> None:
     """Remove exactly what :func:`load` registered, and stop the sampler."""
     entry = _REGISTERED.pop(id(ip), None)
     if entry is not None:
-        _events, callbacks = entry
+        events, callbacks = entry
         for name, fn in callbacks:
             try:
                 ip.events.unregister(name, fn)
             except ValueError:
                 pass
+        transformers = getattr(ip, "ast_transformers", None)
+        if isinstance(transformers, list) and events.interrupter in transformers:
+            transformers.remove(events.interrupter)
+        events.tracker.stop()
     magics = ip.magics_manager.magics
     magics.get("line", {}).pop("vram", None)
     magics.get("cell", {}).pop("vram", None)

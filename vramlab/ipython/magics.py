@@ -26,8 +26,12 @@ set a new high. ``%vram?`` prints this manual. Unknown subcommands and options r
 from __future__ import annotations
 
 import ast
+import inspect
 import json
+import math
 import os
+import shlex
+import threading
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
@@ -35,7 +39,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .events import CellEvents
+from .events import CellEvents, cell_number, show_record
 
 # Each subcommand imports what it calls when it runs: %load_ext stays cheap.
 
@@ -96,6 +100,9 @@ class VramMagics(Magics):
         """GPU memory (NVML and the torch allocator), host RAM and swap, reconciled; live and per cell."""
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a %%vram cell's traceback
         args = self._parse(line)
+        if args is None:  # -h or --help: the manual, as %vram? shows it
+            print(self._manual())
+            return None
         if cell is not None:
             stray = [flag for dest, (flag, _) in _OPTION_SCOPE.items() if dest not in _CELL_OPTIONS and _given(args, dest)]
             if args.command is not None or args.rest or stray:
@@ -132,10 +139,17 @@ class VramMagics(Magics):
                 interval = float(args.interval)
             except ValueError:
                 raise UsageError(f"--interval takes a number of seconds, got {args.interval!r}") from None
+            if math.isfinite(interval) and interval > threading.TIMEOUT_MAX:
+                raise UsageError(f"--interval takes at most {threading.TIMEOUT_MAX:.0f} seconds "
+                                 f"(the longest wait a thread can make), got {args.interval!r}")
         try:
             mon = api.watch(interval)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        if getattr(self.shell, "kernel", None) is None:
+            # a terminal IPython has no widgets: the monitor shows only its name
+            print("[vramlab] the live monitor is a widget for Jupyter (JupyterLab, Notebook, VS Code); "
+                  "in a terminal run: python -m vramlab --watch 1")
         display(mon)
         return None
 
@@ -203,41 +217,69 @@ class VramMagics(Magics):
         __tracebackhide__ = True  # noqa: F841
         rec = get_recorder()
         self._events.in_cell_magic = True
-        token = rec.begin(self.shell.execution_count, keep_peaks=keep_peaks, uss=uss)
+        count = cell_number(self.shell)
+        try:
+            token = rec.begin(count, keep_peaks=keep_peaks, uss=uss)
+        except KeyboardInterrupt:
+            # the user's interrupt came before the cell's code: it stops the cell, and the
+            # traceback shows none of vramlab's reading
+            raise KeyboardInterrupt from None
+        tracker = self._events.tracker
+        tracker.start()
         error: Optional[BaseException] = None
         try:
-            return _run_code(self.shell, cell)
+            return _run_code(self.shell, cell, count)
         except BaseException as e:
             error = e
             raise
         finally:
-            record = rec.end(token, error)
-            if record is not None:
-                display(record)
+            try:
+                record = rec.end(token, error)
+                show_record(self.shell, tracker, record, as_line=False)
+            except BaseException:  # an interrupt after the cell's code: the code's outcome stands
+                tracker.stop()
 
     # -- helpers
     def _parse(self, line: str) -> Any:
+        """Split ``line`` as a shell would (quotes removed, ``\\ `` keeps a space) and parse it;
+        options may come anywhere, before or after the subcommand and its arguments."""
         try:
-            return parse_argstring(self.vram, line)
+            argv = shlex.split(line, posix=os.name != "nt")
+        except ValueError as e:  # an unbalanced quote
+            raise UsageError(f"cannot split the arguments: {e}\n{self._usage()}") from None
+        if os.name == "nt":  # pragma: no cover - Windows paths keep their backslashes; strip the quotes
+            argv = [a[1:-1] if len(a) > 1 and a[0] == a[-1] and a[0] in "\"'" else a for a in argv]
+        if any(a in ("-h", "--help") for a in argv):
+            return None
+        try:
+            return self.vram.parser.parse_intermixed_args(argv)
         except UsageError as e:
             raise UsageError(f"{e}\n{self._usage()}") from None
-        except SystemExit:  # pragma: no cover - argparse --help paths
+        except SystemExit:  # pragma: no cover - argparse exits only for --help, handled above
             raise UsageError(self._usage()) from None
+
+    def _manual(self) -> str:
+        """The module's usage summary, then every option (what ``%vram?`` shows, plus the summary)."""
+        doc = inspect.cleandoc(__doc__ or "")
+        summary = doc[doc.find("Usage::"):].split("Per-cell records reset")[0].rstrip().replace("Usage::", "Usage:")
+        return summary + "\n\n" + self.vram.parser.format_help().replace("::", "").strip()
 
     def _usage(self) -> str:
         text = self.vram.parser.format_usage().replace("::", " ")
         return "usage: " + " ".join(text.split()).removeprefix("usage: ")
 
 
-def _cache_source(shell: Any, code: str, raw: str) -> str:
-    """Register the cell's source as IPython does for an ordinary cell; return its filename."""
+def _cache_source(shell: Any, code: str, raw: str, count: Optional[int]) -> str:
+    """Register the cell's source as IPython does for an ordinary cell (as cell ``count``);
+    return its filename."""
     cache = getattr(shell.compile, "cache", None)
     if cache is None:  # pragma: no cover - a shell without IPython's CachingCompiler
         return "<vram-cell>"
+    number = shell.execution_count if count is None else count
     try:
-        return cache(code, shell.execution_count, raw_code=raw)
+        return str(cache(code, number, raw_code=raw))
     except TypeError:  # pragma: no cover - an IPython without raw_code
-        return cache(code, shell.execution_count)
+        return str(cache(code, number))
 
 
 def _given(args: Any, dest: str) -> bool:
@@ -246,8 +288,10 @@ def _given(args: Any, dest: str) -> bool:
     return value is not None and value is not False
 
 
-def _run_code(shell: Any, cell: str) -> Any:
-    """Run a cell's code in the user namespace; return the last expression's value (like %%time)."""
+def _run_code(shell: Any, cell: str, count: Optional[int] = None) -> Any:
+    """Run a cell's code in the user namespace; return the last expression's value (like %%time).
+
+    ``count`` is the cell's number, under which its source is registered for tracebacks."""
     __tracebackhide__ = True  # noqa: F841
     code = shell.transform_cell(cell)
     tree = shell.compile.ast_parse(code)
@@ -255,7 +299,7 @@ def _run_code(shell: Any, cell: str) -> Any:
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     # registered in linecache under a name of IPython's own, so tracebacks show the cell's lines
-    name = _cache_source(shell, code, cell)
+    name = _cache_source(shell, code, cell, count)
     exec(shell.compile(tree, name, "exec"), shell.user_ns)
     if last is not None:
         return eval(shell.compile(last, name, "eval"), shell.user_ns)

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Deque, Optional
+from typing import Deque, NamedTuple, Optional
 
-from ..model import CellRecord, DeviceDelta, HostDelta
+from ..model import CellRecord, DeviceDelta, HostDelta, Snapshot
 from ..probes.host import reset_peak_rss
 from ..probes.torch_alloc import reset_peaks
 from ..reconcile import reset_provider_peaks, snapshot
 
-__all__ = ["Recorder", "get_recorder", "HISTORY_SIZE"]
+__all__ = ["Recorder", "RecordToken", "get_recorder", "HISTORY_SIZE"]
 
 HISTORY_SIZE = 10_000  # cell records kept
 
@@ -46,6 +46,18 @@ def _reset_all_peaks() -> bool:
     return ok
 
 
+class RecordToken(NamedTuple):
+    """A record begun by :meth:`Recorder.begin`, to pass to :meth:`Recorder.end`."""
+
+    snapshot: Snapshot  #: the reading right after the peak counters were reset
+    started: float  #: epoch seconds
+    perf_start: float  #: ``time.perf_counter()`` at the start, in seconds
+    execution_count: Optional[int]  #: the cell's number as known at the start
+    keep_peaks: bool  #: the peak counters were left alone
+    host_reset: bool  #: the host's peak (``VmHWM``) was reset
+    uss: bool  #: USS is read at both ends
+
+
 class Recorder:
     """Takes cell records and keeps the history (bounded)."""
 
@@ -55,7 +67,7 @@ class Recorder:
         self.uss = False  # also read USS (this process's and its children's) at both ends: slower
 
     def begin(self, execution_count: Optional[int] = None, keep_peaks: Optional[bool] = None,
-              uss: Optional[bool] = None) -> Any:
+              uss: Optional[bool] = None) -> RecordToken:
         """Start a record: reset the peak counters (unless keeping them), then read every layer.
 
         Args:
@@ -72,13 +84,22 @@ class Recorder:
         if not keep:
             host_reset = _reset_all_peaks()
         snap = _read(want_uss)  # right after the reset: the peaks now equal the current figures
-        return (snap, time.time(), time.perf_counter(), execution_count, keep, host_reset, want_uss)
+        return RecordToken(snap, time.time(), time.perf_counter(), execution_count, keep, host_reset, want_uss)
 
-    def end(self, token: Any, error: Optional[BaseException] = None) -> Optional[CellRecord]:
-        """Finish the record ``token`` (from :meth:`begin`); ``None`` when there is none."""
+    def end(self, token: Optional[RecordToken], error: Optional[BaseException] = None,
+            execution_count: Optional[int] = None) -> Optional[CellRecord]:
+        """Finish the record ``token`` (from :meth:`begin`); ``None`` when there is none.
+
+        Args:
+            token: what :meth:`begin` returned.
+            error: the exception the cell raised, if any (its type's name is recorded).
+            execution_count: the cell's number, when it is known better now than at the start.
+        """
         if token is None:
             return None
         s0, started, t0, count, keep, host_reset, want_uss = token
+        if execution_count is not None:
+            count = execution_count
         wall = time.perf_counter() - t0
         s1 = _read(want_uss)
         h0, h1 = s0.host, s1.host
@@ -129,7 +150,7 @@ class Recorder:
         return rec
 
 
-def _read(uss: bool) -> Any:
+def _read(uss: bool) -> Snapshot:
     return snapshot(uss=True) if uss else snapshot()
 
 
