@@ -123,7 +123,7 @@ def test_write_textfile_replaces_the_file_atomically(snap, tmp_path, monkeypatch
     path = tmp_path / "vramlab.prom"
     path.write_text("old\n")
     seen = []
-    real_rename = os.rename
+    real_replace = os.replace
 
     def spy(src, dst):
         # at the moment of the rename: the new text is complete beside the old file, which is intact
@@ -131,26 +131,94 @@ def test_write_textfile_replaces_the_file_atomically(snap, tmp_path, monkeypatch
         assert os.path.basename(src) != path.name and not os.path.basename(src).endswith(".prom")
         assert path.read_text() == "old\n"
         seen.append(samples(open(src).read()))
-        real_rename(src, dst)
+        real_replace(src, dst)
 
-    monkeypatch.setattr(os, "rename", spy)
+    monkeypatch.setattr(os, "replace", spy)
     assert write_textfile(path, snap, pid=9) == str(path)
     assert len(seen) == 1 and samples(path.read_text()) == seen[0]
+    assert path.read_text() == exposition_text(snap, pid=9)
     assert os.listdir(tmp_path) == ["vramlab.prom"]  # no temporary file left
 
 
-def test_a_failed_write_leaves_the_old_file_and_no_temporary(snap, tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", ["replace", "write", "fsync"])
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(snap, tmp_path, monkeypatch, failing):
     path = tmp_path / "vramlab.prom"
     path.write_text("old\n")
 
-    def fail(src, dst):
+    def fail(*args, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "rename", fail)
+    monkeypatch.setattr(os, failing, fail)
     with pytest.raises(OSError, match="No space left"):
         write_textfile(path, snap)
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["vramlab.prom"]
+
+
+def test_an_interrupt_during_the_write_leaves_no_temporary(snap, tmp_path, monkeypatch):
+    path = tmp_path / "vramlab.prom"
+    path.write_text("old\n")
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_textfile(path, snap)
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["vramlab.prom"]
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink") or sys.platform == "win32", reason="POSIX symbolic links")
+def test_a_symlink_planted_at_the_old_temporary_name_is_not_written_through(snap, tmp_path):
+    """prometheus_client's write_to_textfile wrote to ``FILE.<pid>.<thread ident>``, following a
+    symbolic link planted there; the temporary file now has a name no one can guess, made with O_EXCL."""
+    import threading
+
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    path = folder / "vramlab.prom"
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    planted = folder / f"vramlab.prom.{os.getpid()}.{threading.current_thread().ident}"
+    planted.symlink_to(target)
+    write_textfile(path, snap, pid=3)
+    assert target.read_text() == "precious\n" and planted.is_symlink()
+    assert path.read_text() == exposition_text(snap, pid=3) and not path.is_symlink()
+    assert sorted(os.listdir(folder)) == sorted([path.name, planted.name])
+
+
+def test_the_temporary_is_made_exclusively_in_the_same_folder_with_an_unpredictable_name(snap, tmp_path, monkeypatch):
+    import tempfile
+
+    made = []
+    real = tempfile.mkstemp
+
+    def spy(*args, **kw):
+        fd, name = real(*args, **kw)
+        made.append((kw, name))
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
+    path = tmp_path / "vramlab.prom"
+    write_textfile(path, snap)
+    write_textfile(path, snap)
+    [(kw, first), (_, second)] = made
+    assert kw["dir"] == str(tmp_path) and kw["prefix"] == ".vramlab.prom." and kw["suffix"] == ".tmp"
+    assert first != second and not os.path.exists(first) and os.listdir(tmp_path) == ["vramlab.prom"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_the_file_has_the_mode_the_umask_gives_a_new_file(snap, tmp_path, umask, mode):
+    path = tmp_path / "vramlab.prom"
+    path.write_text("old\n")
+    os.chmod(path, 0o600)
+    old = os.umask(umask)
+    try:
+        write_textfile(path, snap)
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == mode
 
 
 def test_write_textfile_reads_a_snapshot_when_given_none(tmp_path):

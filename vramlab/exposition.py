@@ -40,8 +40,10 @@ paths are tested against a simulated NVIDIA driver only.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import tempfile
 from typing import Any, Iterator, Mapping, Optional
 
 from ._extras import require_prometheus_client
@@ -162,12 +164,14 @@ def write_textfile(path: str | os.PathLike[str], snap: Optional[Snapshot] = None
                    labels: Optional[Mapping[str, str]] = None) -> str:
     """Write ``snap`` (default: a :func:`vramlab.reconcile.snapshot` read now) to ``path``, atomically.
 
-    The text goes to a temporary file beside ``path`` (``path.<pid>.<thread>``, which the
-    textfile collector ignores, since it reads only ``*.prom``) that is then renamed over
-    ``path`` (``rename(2)``, atomic within one filesystem): a reader sees the old file or
-    the new one, never half of one. This is prometheus_client's ``write_to_textfile``
-    (whose recent versions also remove the temporary file when the write fails). Returns
-    ``path`` as a string.
+    The text goes to a new temporary file beside ``path``, with a name no one can guess
+    (``.<name>.<random>.tmp``, which the textfile collector ignores, since it reads only
+    ``*.prom``), created exclusively (``O_EXCL``: a file or symbolic link planted there in
+    advance is never written through); it is flushed to disk, given the mode a new file gets
+    under the umask (``0o666 & ~umask``, so a collector running as another user can read it),
+    then renamed over ``path`` (``rename(2)``, atomic within one filesystem): a reader sees
+    the old file or the new one, never half of one. The temporary file is removed when any
+    step fails or is interrupted. Returns ``path`` as a string.
 
     Raises:
         MissingExtra: prometheus_client is not installed.
@@ -179,5 +183,52 @@ def write_textfile(path: str | os.PathLike[str], snap: Optional[Snapshot] = None
 
         snap = snapshot()
     p = os.fspath(path)
-    prometheus_client.write_to_textfile(p, _registry(snap, pid, labels))
+    data: bytes = prometheus_client.generate_latest(_registry(snap, pid, labels))
+    _replace_atomically(p, data)
     return p
+
+
+def _umask() -> int:
+    """This process's umask: from ``/proc/self/status`` (``Umask:``, Linux 4.7 and later),
+    else by setting it and setting it back (``os.umask`` has no read-only form)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _replace_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to a new temporary file beside ``path`` and rename it over ``path``
+    (see :func:`write_textfile`); the temporary file never outlives a failure."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: a filesystem without fsync; anything else is a failed write
+                    raise
+            mode = 0o666 & ~_umask()  # mkstemp creates 0600; the collector may run as another user
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, mode)
+            else:  # pragma: no cover - Windows before Python 3.13
+                os.chmod(tmp, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

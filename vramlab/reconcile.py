@@ -294,8 +294,8 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
             device properties). The background sampler passes ``False`` (safe during
             CUDA graph capture): NVML and the allocator's host-side counters only.
     """
-    h = read_host(uss=uss)
-    notes: list[str] = []
+    notes: list[str] = []  # the host's first (an unreadable cgroup file), then the devices'
+    h = read_host(uss=uss, notes=notes)
     host = HostSnapshot(**vars(h), layers=host_layers(h))
     nvml = read_nvml(children=h.children_pids)
     if nvml.reason:

@@ -158,3 +158,117 @@ def test_a_pynvml_that_warns_on_import_prints_nothing(tmp_path):
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip() == "2"  # the driver behind the shim was read
+
+
+class _Once:
+    """A stand-in that raises KeyboardInterrupt on its first call and forwards the later ones."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+
+    def __call__(self, *args, **kw):
+        self.calls += 1
+        if self.calls == 1:
+            raise KeyboardInterrupt
+        return self.real(*args, **kw)
+
+
+def _counted(sim, name, calls):
+    real = getattr(sim, name)
+
+    def call(*args, **kw):
+        out = real(*args, **kw)
+        calls.append(name)  # counted once it succeeded
+        return out
+
+    setattr(sim, name, call)
+
+
+def test_an_interrupt_in_nvml_init_propagates_and_the_next_reading_tries_again(nvml_sim):
+    sim = nvml_sim(sc.two_gpus())
+    sim.nvmlInit = _Once(sim.nvmlInit)
+    with pytest.raises(KeyboardInterrupt):
+        read_nvml()
+    r = read_nvml()
+    assert r.reason is None and [d.index for d in r.devices] == [0, 1]
+    assert r.devices[0].process_used == 3 * GiB and sim.nvmlInit.calls == 2
+
+
+def test_an_interrupt_in_the_import_of_pynvml_propagates_and_the_next_reading_tries_again(nvml_sim, monkeypatch):
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    sim = nvml_sim(sc.two_gpus())
+    monkeypatch.delitem(sys.modules, "pynvml")
+    finds = []
+
+    class Loader(importlib.abc.Loader):
+        def create_module(self, spec):
+            return sim
+
+        def exec_module(self, module):
+            pass
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "pynvml":
+                return None
+            finds.append(name)
+            if len(finds) == 1:
+                raise KeyboardInterrupt
+            return importlib.util.spec_from_loader(name, Loader())
+
+    monkeypatch.setattr(sys, "meta_path", [Finder()] + sys.meta_path)
+    with pytest.raises(KeyboardInterrupt):
+        read_nvml()
+    r = read_nvml()
+    assert len(finds) == 2 and r.reason is None and [d.index for d in r.devices] == [0, 1]
+
+
+def test_an_interrupt_after_nvml_init_shuts_it_down_and_the_retry_initialises_it_once(nvml_sim):
+    sim = nvml_sim(sc.mig())
+    calls = []
+    _counted(sim, "nvmlInit", calls)
+    _counted(sim, "nvmlShutdown", calls)
+    sim.nvmlDeviceGetMigDeviceHandleByIndex = _Once(sim.nvmlDeviceGetMigDeviceHandleByIndex)
+    with pytest.raises(KeyboardInterrupt):
+        read_nvml()
+    assert calls == ["nvmlInit", "nvmlShutdown"]  # nothing left initialised by the interrupted try
+    r = read_nvml()
+    assert calls == ["nvmlInit", "nvmlShutdown", "nvmlInit"]
+    assert r.reason is None
+    # the retry found every device once: nothing kept from the interrupted try
+    assert [(d.index, d.mig_index, d.gpu_instance_id) for d in r.devices] == [(0, None, None), (0, 0, 7), (0, 1, 13),
+                                                                             (1, None, None)]
+    read_nvml()
+    assert calls.count("nvmlInit") == 2
+
+
+def test_a_device_count_failure_is_a_reason_and_nvml_is_shut_down_again(nvml_sim):
+    sim = nvml_sim(sc.two_gpus())
+    calls = []
+    _counted(sim, "nvmlInit", calls)
+    _counted(sim, "nvmlShutdown", calls)
+
+    def fail():
+        raise sim.NVMLError(sim.NVML_ERROR_UNKNOWN)
+
+    sim.nvmlDeviceGetCount = fail
+    r = read_nvml()
+    assert r.reason.startswith("NVML unavailable: ") and not r.devices and r.driver_version == "575.57.08"
+    read_nvml()
+    assert calls == ["nvmlInit", "nvmlShutdown"]  # failed once: not tried again, nothing left initialised
+
+
+def test_cached_devices_are_read_by_name(nvml_sim):
+    """The per-device cache is a named record, not a bare tuple (the readers use its fields' names)."""
+    from vramlab.probes import nvml as nvml_mod
+
+    nvml_sim(sc.mig())
+    read_nvml()
+    handles = nvml_mod._NVML._handles
+    assert handles and not any(isinstance(h, tuple) for h in handles)
+    mig = [h for h in handles if h.mig_index is not None]
+    assert [(h.index, h.mig_index, h.gpu_instance_id, h.unreadable) for h in mig] == [(0, 0, 7, None), (0, 1, 13, None)]
+    assert mig[0].parent_uuid == sc.mig()["gpus"][0]["uuid"] and handles[0].mig_enabled

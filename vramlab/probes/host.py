@@ -7,7 +7,9 @@ the cgroup filesystem (cheaper than psutil, and exact); elsewhere psutil and
 The *effective limit* is the memory the process can really use: the cgroup
 v2 ``memory.max`` or v1 ``memory.limit_in_bytes`` of this process's cgroup
 (the smallest along its ancestors) when that is lower than physical RAM, else
-physical RAM. On Binder or in a container it is the number that matters.
+physical RAM. On Binder or in a container it is the number that matters. A cgroup file
+that cannot be read is said in a note (``read_host(notes=...)``), never taken for "no
+limit" in silence, and ``available`` never exceeds the limit shown.
 
 *Children* are the processes that descend from this one (recursively): DataLoader
 workers, ``torch.multiprocessing`` and ``notebook_launcher`` workers, a ``%%bash`` cell.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..model import HostReading
-from .cgroup import CGROUP, os_read
+from .cgroup import CGROUP, CgroupReading, os_read
 
 __all__ = ["read_host", "reset_peak_rss", "read_uss", "read_children", "ChildrenReading", "descendant_pids"]
 
@@ -252,7 +254,24 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def _read_host_linux(uss: bool) -> HostReading:
+def _cgroup_notes(cg: CgroupReading, limit_source: Optional[str]) -> list[str]:
+    """The notes for what the cgroup reading could not read. ``limit_source`` is the cgroup
+    limit's source when that limit is the one shown, ``None`` when physical RAM is."""
+    notes: list[str] = []
+    if cg.limit_errors:
+        shown = "physical RAM" if limit_source is None else f"the limit of {limit_source}, which may be too high"
+        notes.append(f"cgroup memory limit unreadable ({'; '.join(cg.limit_errors)}): showing {shown}")
+    if limit_source is not None:
+        if cg.usage_error:
+            notes.append(f"cgroup memory usage unreadable ({cg.usage_error}): available memory is capped at the "
+                         "limit, and may be lower")
+        if cg.stat_error:
+            notes.append(f"cgroup memory.stat unreadable ({cg.stat_error}): the cgroup's usage counts its inactive "
+                         "page cache")
+    return notes
+
+
+def _read_host_linux(uss: bool, notes: list[str]) -> HostReading:
     now = time.time()
     status = os_read("/proc/self/status")
     meminfo = os_read("/proc/meminfo")
@@ -268,13 +287,17 @@ def _read_host_linux(uss: bool) -> HostReading:
     swap_free = _kb_field(meminfo, b"SwapFree:")
     swap_in, swap_out = _SWAP.read(swap_total)
     used = total - avail
-    cg_limit, cg_usage, cg_source = CGROUP.read()
-    if cg_limit is not None and cg_limit < total:
-        limit, source = cg_limit, cg_source
-        if cg_usage is not None:
-            avail = max(0, min(avail, cg_limit - cg_usage))
+    cg = CGROUP.read()
+    cg_usage: Optional[int] = None
+    if cg.limit is not None and cg.limit < total:
+        limit, source, cg_usage = cg.limit, cg.source, cg.usage
+        # never more available than the limit leaves: what it leaves beyond the usage, or
+        # (usage unreadable) the limit itself
+        avail = max(0, min(avail, cg.limit - (cg_usage or 0)))
+        notes.extend(_cgroup_notes(cg, source))
     else:
-        limit, source, cg_usage = total, "physical RAM", None
+        limit, source = total, "physical RAM"
+        notes.extend(_cgroup_notes(cg, None))
     kids = read_children(uss)
     return HostReading(
         time=now,
@@ -338,16 +361,28 @@ def _children_fields(k: ChildrenReading) -> dict[str, object]:
             "children_pids": k.pids}
 
 
-def read_host(uss: bool = False) -> HostReading:
+def read_host(uss: bool = False, notes: Optional[list[str]] = None) -> HostReading:
     """Read host memory now. Sizes in bytes.
 
     Args:
         uss: also read the USS of this process and of its descendants, and their PSS
             (slower: it walks every mapping of each).
+        notes: a list to which one line is appended for each figure that could not be read
+            as it should (a cgroup limit or usage file that is unreadable, ``/proc`` that
+            could not be parsed), saying what is shown instead.
     """
+    found: list[str] = []
     if _LINUX:
         try:
-            return _read_host_linux(uss)
-        except (OSError, ValueError):
-            pass
-    return _read_host_psutil(uss)
+            reading = _read_host_linux(uss, found)
+        except (OSError, ValueError) as e:
+            found = [f"host memory: /proc could not be read ({type(e).__name__}: {e}): read through psutil, "
+                     "without the cgroup limit"]
+        else:
+            if notes is not None:
+                notes.extend(found)
+            return reading
+    reading = _read_host_psutil(uss)
+    if notes is not None:
+        notes.extend(found)
+    return reading

@@ -166,17 +166,51 @@ def _pid_visible(pid: int) -> bool:
 # --------------------------------------------------------------------------- NVML access
 
 
+@dataclass(frozen=True)
+class _CachedDevice:
+    """One device NVML listed at initialisation: its handle and what was read with it once.
+
+    Attributes:
+        handle: the NVML device handle, or ``None`` when it could not be opened.
+        index: the NVML index of the GPU (for a MIG instance, its parent's).
+        mig_index: the MIG instance's device slot on its parent, or ``None`` for a whole GPU.
+        parent_uuid: the parent GPU's UUID for a MIG instance, else ``None``.
+        mig_enabled: whether this whole GPU has MIG mode on.
+        gpu_instance_id, compute_instance_id: a MIG instance's ids (``None`` for a whole GPU,
+            or when NVML does not give them).
+        unreadable: why the device cannot be read (a one-line reason), or ``None``.
+    """
+
+    handle: Any
+    index: int
+    mig_index: Optional[int] = None
+    parent_uuid: Optional[str] = None
+    mig_enabled: bool = False
+    gpu_instance_id: Optional[int] = None
+    compute_instance_id: Optional[int] = None
+    unreadable: Optional[str] = None
+
+
 class _Nvml:
-    """NVML, initialised once per process. Thread-safe."""
+    """NVML, initialised once per process. Thread-safe.
+
+    The initialisation counts as done once it finished or failed with an ordinary
+    exception (then :attr:`_reason` says why, and it is not tried again). An interrupt
+    (``KeyboardInterrupt``, or any other ``BaseException`` such as the CLI's termination)
+    that lands in it propagates, and leaves the probe as it was before: NVML shut down again
+    if it had been initialised, nothing cached, and the next reading tries again.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tried = False
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget everything the initialisation found (the state before the first reading)."""
         self._mod: Any = None
         self._reason: Optional[str] = None
-        # (handle or None, nvml index, mig slot, parent uuid, mig on, gi, ci, why unreadable)
-        self._handles: list[tuple[Any, int, Optional[int], Optional[str], bool, Optional[int], Optional[int],
-                                  Optional[str]]] = []
+        self._handles: list[_CachedDevice] = []
         self._static: dict[int, tuple[str, Optional[str]]] = {}
         self._driver: Optional[str] = None
         self._v2 = True
@@ -185,40 +219,67 @@ class _Nvml:
         self._no_lister: set[str] = set()
 
     def _init(self) -> None:
-        self._tried = True
+        """Initialise NVML and open every device; see the class's docs for what an
+        interruption leaves behind."""
+        inited: list[Any] = []  # the pynvml module, once its nvmlInit succeeded
         try:
-            with warnings.catch_warnings():
-                # the deprecated ``pynvml`` package (a shim over nvidia-ml-py, which some tools
-                # still pull in) warns on import; vramlab already depends on nvidia-ml-py, and a
-                # probe never prints
-                warnings.simplefilter("ignore", FutureWarning)
+            self._init_steps(inited)
+        except Exception as e:  # defensive: a step that should not raise did; not tried again
+            self._undo(inited)
+            self._reason = f"NVML unavailable: {type(e).__name__}: {e}"
+        except BaseException:
+            # an interrupt: undo what was done, so that the next reading tries again
+            self._undo(inited)
+            raise
+        self._tried = True
+
+    def _undo(self, inited: list[Any]) -> None:
+        """Shut NVML down again when this initialisation started it, and forget its results."""
+        self._reset()
+        for pynvml in inited:
+            try:
+                pynvml.nvmlShutdown()  # nvmlInit is reference-counted: one shutdown per init
+            except Exception:
+                pass
+        inited.clear()
+
+    def _init_steps(self, inited: list[Any]) -> None:
+        with warnings.catch_warnings():
+            # the deprecated ``pynvml`` package (a shim over nvidia-ml-py, which some tools
+            # still pull in) warns on import; vramlab already depends on nvidia-ml-py, and a
+            # probe never prints
+            warnings.simplefilter("ignore", FutureWarning)
+            try:
                 import pynvml  # type: ignore[import-not-found]
-        except Exception as e:  # pragma: no cover - nvidia-ml-py is a dependency
-            self._reason = f"NVML unavailable: the pynvml module cannot be imported ({e})"
-            return
+            except Exception as e:  # pragma: no cover - nvidia-ml-py is a dependency
+                self._reason = f"NVML unavailable: the pynvml module cannot be imported ({e})"
+                return
         try:
             pynvml.nvmlInit()
         except Exception as e:
             self._reason = f"NVML unavailable: {_nvml_error_text(pynvml, e)}"
             return
-        self._mod = pynvml
+        inited.append(pynvml)
+        driver: Optional[str]
         try:
             drv = pynvml.nvmlSystemGetDriverVersion()
-            self._driver = drv.decode() if isinstance(drv, bytes) else str(drv)
+            driver = drv.decode() if isinstance(drv, bytes) else str(drv)
         except Exception:
-            self._driver = None
+            driver = None
         try:
             count = pynvml.nvmlDeviceGetCount()
         except Exception as e:
+            self._undo(inited)
             self._reason = f"NVML unavailable: {_nvml_error_text(pynvml, e)}"
-            self._mod = None
+            self._driver = driver
             return
+        handles: list[_CachedDevice] = []
         for i in range(count):
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
             except Exception as e:
                 # keep its place: a GPU that cannot be opened must not shift the ones after it
-                self._handles.append((None, i, None, None, False, None, None, _nvml_error_text(pynvml, e)))
+                handles.append(_CachedDevice(handle=None, index=i, unreadable=_nvml_error_text(pynvml, e)))
                 continue
             idx = i
             try:
@@ -234,9 +295,9 @@ class _Nvml:
             try:
                 parent_uuid: Optional[str] = _text(pynvml.nvmlDeviceGetUUID(h))
             except Exception as e:
-                self._handles.append((h, idx, None, None, False, None, None, _nvml_error_text(pynvml, e)))
+                handles.append(_CachedDevice(handle=h, index=idx, unreadable=_nvml_error_text(pynvml, e)))
                 continue
-            self._handles.append((h, idx, None, None, mig_on, None, None, None))
+            handles.append(_CachedDevice(handle=h, index=idx, mig_enabled=mig_on))
             if mig_on:
                 try:
                     n = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
@@ -253,8 +314,11 @@ class _Nvml:
                         ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
                     except Exception:
                         pass
-                    self._handles.append((mh, idx, j, parent_uuid, False, gi, ci, None))
-        if not self._handles:
+                    handles.append(_CachedDevice(handle=mh, index=idx, mig_index=j, parent_uuid=parent_uuid,
+                                           gpu_instance_id=gi, compute_instance_id=ci))
+        # every step done: publish the results together
+        self._mod, self._driver, self._handles = pynvml, driver, handles
+        if not handles:
             self._reason = "NVML found no NVIDIA GPU"
 
     def read(self, children: frozenset[int] = frozenset()) -> NvmlReading:
@@ -266,23 +330,24 @@ class _Nvml:
             pynvml = self._mod
             pid = os.getpid()
             devices = []
-            for h, idx, mig_idx, parent_uuid, mig_on, gi, ci, why in self._handles:
-                if h is not None and why is None:
+            for dev in self._handles:
+                why = dev.unreadable
+                if dev.handle is not None and why is None:
                     try:
-                        devices.append(self._read_one(pynvml, h, idx, mig_idx, parent_uuid, mig_on, gi, ci, pid,
-                                                      children))
+                        devices.append(self._read_one(pynvml, dev, pid, children))
                         continue
                     except Exception as e:
                         why = _nvml_error_text(pynvml, e)
-                name, uuid = self._static.get(id(h), ("?", None)) if h is not None else ("?", None)
-                where = f"NVML device {idx}" + (f" (MIG slot {mig_idx})" if mig_idx is not None else "")
+                name, uuid = self._static.get(id(dev.handle), ("?", None)) if dev.handle is not None else ("?", None)
+                where = f"NVML device {dev.index}" + (f" (MIG slot {dev.mig_index})" if dev.mig_index is not None
+                                                      else "")
                 devices.append(NvmlDevice(
-                    index=idx, mig_index=mig_idx, name=name, uuid=uuid,
-                    parent_uuid=parent_uuid, mig_enabled=mig_on, total=None, used=None, free=None, reserved=None,
-                    utilization=None, process_used=None, other_processes_used=None, pid_listed=False,
+                    index=dev.index, mig_index=dev.mig_index, name=name, uuid=uuid,
+                    parent_uuid=dev.parent_uuid, mig_enabled=dev.mig_enabled, total=None, used=None, free=None,
+                    reserved=None, utilization=None, process_used=None, other_processes_used=None, pid_listed=False,
                     note=f"{where} cannot be read: {why}; it is left out of the figures",
-                    gpu_instance_id=gi, compute_instance_id=ci, unattributed_used=None, readable=False,
-                    children_used=None))
+                    gpu_instance_id=dev.gpu_instance_id, compute_instance_id=dev.compute_instance_id,
+                    unattributed_used=None, readable=False, children_used=None))
             return NvmlReading(devices=tuple(devices), driver_version=self._driver)
 
     def _processes(self, pynvml: Any, h: Any, kind: str) -> Optional[tuple[str, list[tuple[int, Optional[int]]]]]:
@@ -316,9 +381,9 @@ class _Nvml:
         self._no_lister.add(kind)
         return None
 
-    def _read_one(self, pynvml: Any, h: Any, idx: int, mig_idx: Optional[int], parent_uuid: Optional[str],
-                  mig_on: bool, gi: Optional[int], ci: Optional[int], pid: int,
-                  children: frozenset[int] = frozenset()) -> NvmlDevice:
+    def _read_one(self, pynvml: Any, dev: _CachedDevice, pid: int, children: frozenset[int] = frozenset()) -> NvmlDevice:
+        """Read one device now (sizes in bytes). Raises NVML's error when the device fails."""
+        h = dev.handle
         key = id(h)
         if key not in self._static:
             self._static[key] = (_text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h)))
@@ -390,10 +455,11 @@ class _Nvml:
             hidden_mem = _total(unseen)
             kids_mem = _total(kids)
         return NvmlDevice(
-            index=idx, mig_index=mig_idx, name=name, uuid=uuid, parent_uuid=parent_uuid, mig_enabled=mig_on,
-            total=total, used=used, free=free, reserved=reserved, utilization=util,
+            index=dev.index, mig_index=dev.mig_index, name=name, uuid=uuid, parent_uuid=dev.parent_uuid,
+            mig_enabled=dev.mig_enabled, total=total, used=used, free=free, reserved=reserved, utilization=util,
             process_used=mine, other_processes_used=others, pid_listed=listed,
-            unified_memory=unified, note=note, gpu_instance_id=gi, compute_instance_id=ci,
+            unified_memory=unified, note=note, gpu_instance_id=dev.gpu_instance_id,
+            compute_instance_id=dev.compute_instance_id,
             unattributed_used=hidden_mem, hidden_pids=hidden, process_list=versions[0] if versions else None,
             children_used=kids_mem, children_listed=kids_listed,
         )
