@@ -27,3 +27,13 @@ def test_last_is_none_or_the_latest_record():
     rec = get_recorder()
     rec.end(rec.begin(41))
     assert api.last() is rec.history[-1] and api.last().execution_count == 41
+
+
+def test_plot_passes_last_and_last_s_on(monkeypatch):
+    from vramlab.display import plot as plot_mod
+
+    seen = {}
+    monkeypatch.setattr(plot_mod, "plot_history", lambda h, **kw: seen.update(kw) or "figure")
+    assert api.plot(60.0, last=5) == "figure"
+    assert seen == {"last_s": 60.0, "last": 5}
+    assert api.plot() == "figure" and seen == {"last_s": None, "last": None}

@@ -52,3 +52,16 @@ def test_layer_labels_cover_every_layer_key():
     assert {k for k, _ in s.host.layers} <= set(model.HOST_LAYERS)
     for d in s.devices:
         assert {k for k, _ in d.layers} <= set(model.DEVICE_LAYERS)
+
+
+def test_a_sample_names_its_device_figures_and_still_unpacks_as_a_tuple():
+    s = model.Sample(time=1.0, rss=1, peak=None, host_used=2, available=3, limit=4, swap_used=None, swap_in=None,
+                     swap_out=None, devices=(model.DeviceSample("cuda:0", 10, 20, 30, 40),))
+    (d,) = s.devices
+    assert (d.id, d.allocated, d.reserved, d.used, d.total) == ("cuda:0", 10, 20, 30, 40)
+    id_, alloc, reserved, used, total = d
+    assert (id_, used, total) == ("cuda:0", 30, 40) and d[3] == 30
+    # a plain 5-tuple, as older code built them, becomes a DeviceSample
+    old = dataclasses.replace(s, devices=(("virtual:0", None, None, 5, 6),))
+    assert type(old.devices[0]) is model.DeviceSample and old.devices[0].total == 6
+    assert model.History(cells=(), samples=(s,), markers=()).sample_rows()[0]["cuda:0_used"] == 30

@@ -78,11 +78,16 @@ def last() -> Optional[CellRecord]:
     return h[-1] if h else None
 
 
-def plot(last_s: Optional[float] = None) -> Any:
-    """A matplotlib timeline of this kernel's history; returns the ``Figure``."""
+def plot(last_s: Optional[float] = None, *, last: Optional[int] = None) -> Any:
+    """A matplotlib timeline of this kernel's history; returns the ``Figure``.
+
+    ``last_s``: only the last ``last_s`` seconds. ``last``: only the last ``last`` cell
+    records (at least 1) and the samples from their time range. See
+    :func:`vramlab.display.plot.plot_history`.
+    """
     from .display.plot import plot_history
 
-    return plot_history(history(), last_s=last_s)
+    return plot_history(history(), last_s=last_s, last=last)
 
 
 def free() -> FreedReport:

@@ -6,7 +6,8 @@ for moments, ``perf_counter`` differences for durations); ``None`` means "not re
 - :class:`HostReading`, :class:`HostSnapshot`, :class:`DeviceSnapshot`, :class:`Snapshot`:
   one reconciled reading of every layer (:mod:`vramlab.reconcile` makes them);
 - :class:`CellRecord` (with :class:`HostDelta`, :class:`DeviceDelta`): what one cell did;
-- :class:`Sample`, :class:`Marker`, :class:`History`: the sampler's ring and the timeline;
+- :class:`Sample` (with :class:`DeviceSample`), :class:`Marker`, :class:`History`: the
+  sampler's ring and the timeline;
 - :class:`OOMExplanation`, :class:`FreedReport`: what an OOM asked for, and what
   ``%vram free`` returned.
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+import tempfile
+from typing import IO, Any, Callable, NamedTuple, Optional
 
 __all__ = [
     "DEVICE_LAYERS",
@@ -32,6 +34,7 @@ __all__ = [
     "HostDelta",
     "DeviceDelta",
     "CellRecord",
+    "DeviceSample",
     "Sample",
     "Marker",
     "History",
@@ -320,13 +323,35 @@ class CellRecord:
         return {"text/plain": self.text(), "text/html": _render("record.html", self)}
 
 
+class DeviceSample(NamedTuple):
+    """One device in a :class:`Sample`. Sizes in bytes; ``None`` where not read.
+
+    A named tuple, so it still unpacks as ``(id, allocated, reserved, used, total)``.
+
+    Attributes:
+        id: torch's name for the device (``cuda:0``), ``nvml:N`` or ``virtual:0``.
+        allocated: torch's allocated bytes (``None`` when torch has not used the device).
+        reserved: torch's reserved bytes (``None`` likewise).
+        used: the device's used bytes (NVML, or the virtual GPU's); ``None`` when the
+            device could not be read.
+        total: the device's total bytes; ``None`` when the device could not be read.
+    """
+
+    id: str
+    allocated: Optional[int]
+    reserved: Optional[int]
+    used: Optional[int]
+    total: Optional[int]
+
+
 @dataclass(frozen=True)
 class Sample:
     """A compact reading kept in the ring buffer. Sizes in bytes, time in seconds (epoch).
 
-    ``devices`` holds ``(id, allocated, reserved, used, total)`` per device, where
-    ``allocated``/``reserved`` are torch's (``None`` when torch has not used the device)
-    and ``used``/``total`` are the device's (NVML, or the virtual GPU's).
+    ``devices`` holds one :class:`DeviceSample` per device: ``allocated``/``reserved`` are
+    torch's (``None`` when torch has not used the device) and ``used``/``total`` are the
+    device's (NVML, or the virtual GPU's). Plain 5-tuples given here are turned into
+    :class:`DeviceSample`.
     """
 
     time: float
@@ -338,7 +363,12 @@ class Sample:
     swap_used: Optional[int]
     swap_in: Optional[int]
     swap_out: Optional[int]
-    devices: tuple[tuple[str, Optional[int], Optional[int], Optional[int], Optional[int]], ...]
+    devices: tuple[DeviceSample, ...]
+
+    def __post_init__(self) -> None:
+        devices = self.devices
+        if not all(type(d) is DeviceSample for d in devices):
+            object.__setattr__(self, "devices", tuple(DeviceSample(*d) for d in devices))
 
 
 @dataclass(frozen=True)
@@ -369,12 +399,58 @@ def _sample_row(s: Sample) -> dict[str, Any]:
     row: dict[str, Any] = {"time": s.time, "rss": s.rss, "peak": s.peak, "host_used": s.host_used,
                            "available": s.available, "limit": s.limit, "swap_used": s.swap_used,
                            "swap_in": s.swap_in, "swap_out": s.swap_out}
-    for id_, alloc, reserved, used, total in s.devices:
-        row[f"{id_}_allocated"] = alloc
-        row[f"{id_}_reserved"] = reserved
-        row[f"{id_}_used"] = used
-        row[f"{id_}_total"] = total
+    for d in s.devices:
+        row[f"{d.id}_allocated"] = d.allocated
+        row[f"{d.id}_reserved"] = d.reserved
+        row[f"{d.id}_used"] = d.used
+        row[f"{d.id}_total"] = d.total
     return row
+
+
+def _umask() -> int:
+    """The process's umask (permission bits), read without changing it where the OS says it
+    (Linux's ``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_replacing(path: str, write: Callable[[IO[str]], None], newline: Optional[str] = None) -> None:
+    """Write ``path`` whole or not at all: ``write(f)`` fills a new temporary file in the same
+    folder, which then replaces ``path`` (``os.replace``: a symbolic link at ``path`` is
+    replaced, not followed). On any failure the temporary file is removed and ``path`` is
+    left as it was; an ``OSError`` is raised again with ``path`` in its message."""
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp: Optional[str] = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        with os.fdopen(fd, "w", newline=newline) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            mode = 0o666 & ~_umask()
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), mode)
+            else:  # pragma: no cover - Windows
+                os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        why = f"cannot write {path!r}: {e.strerror or e}"
+        raise (OSError(e.errno, why) if e.errno is not None else OSError(why)) from e
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 @dataclass(frozen=True)
@@ -410,6 +486,15 @@ class History:
     def export(self, path: str | os.PathLike[str], which: str = "cells") -> str:
         """Write ``path``: ``.json`` gets everything, ``.csv`` one table (``which``: cells or samples).
 
+        The file is written whole or not at all: the data goes to a new temporary file in
+        the same folder (a hidden ``.NAME.*.tmp`` with an unpredictable name, created
+        exclusively), which then replaces ``path`` in one rename. A failed export (a full
+        disk, an error mid-way) leaves an existing ``path`` as it was and removes the
+        temporary file. When ``path`` is a symbolic link, the link itself is replaced by a
+        regular file holding the export; the file it pointed to is not touched. The new
+        file gets the usual mode of a new file (``0o666`` less the process's umask), not
+        the temporary file's ``0o600``. Returns ``path`` as a string.
+
         Raises:
             ValueError: an unknown suffix or table.
             OSError: the path cannot be written (the message names it).
@@ -426,8 +511,8 @@ class History:
         if suffix == ".json":
             import json
 
-            with open(p, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
+            data = self.to_dict()
+            _write_replacing(p, lambda f: json.dump(data, f, indent=1))
             return p
         rows = self.cell_rows() if which == "cells" else self.sample_rows()
         cols: list[str] = []
@@ -435,10 +520,12 @@ class History:
             cols.extend(k for k in r if k not in cols)
         import csv
 
-        with open(p, "w", newline="") as f:
+        def write_csv(f: IO[str]) -> None:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
             w.writerows(rows)
+
+        _write_replacing(p, write_csv, newline="")
         return p
 
     def text(self, last: int = 20) -> str:

@@ -74,3 +74,15 @@ def test_a_record_tells_the_children(children_record):
     assert "children" in record_text(children_record) and "0 -> 2 processes" in record_text(children_record)
     assert "+16.00 MiB" in record_text(children_record)  # the USS line
     assert "children +64.00 MiB RSS, USS +16.00 MiB (2 now)" in record_line(children_record)
+
+
+def test_a_gpu_nvml_cannot_read_says_why_in_text_and_html(nvml_sim):
+    import driver_scenarios as sc
+
+    import vramlab
+    from vramlab.display.html import snapshot_html
+
+    nvml_sim(sc.lost_among_three())
+    s = vramlab.snapshot()
+    why = "NVML cannot read this device: the GPU is lost"
+    assert why in snapshot_text(s) and why in snapshot_html(s)

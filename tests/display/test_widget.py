@@ -179,12 +179,13 @@ def test_sampling_error_shown_once_in_the_monitor():
 
 def test_sparkline_markers_and_warning(gpu_snapshot):
     from vramlab.display.widget import bars_html, sparkline_svg
+    from vramlab.model import DeviceSample
     from vramlab.runtime.sampler import Marker, Sample
 
     now = 1000.0
     samples = [Sample(time=now - 10 + i, rss=i * MiB, peak=None, host_used=95 * MiB, available=5 * MiB,
                       limit=100 * MiB, swap_used=0, swap_in=0, swap_out=0,
-                      devices=(("virtual:0", 0, 0, 50 * MiB, 100 * MiB),)) for i in range(10)]
+                      devices=(DeviceSample("virtual:0", 0, 0, 50 * MiB, 100 * MiB),)) for i in range(10)]
     svg = sparkline_svg(samples, [Marker(now - 5, "cell", "[3]"), Marker(now - 2, "oom", "OOM in [4]")], now)
     assert svg.count("<polyline") == 3 and "OOM in [4]" in svg and "[3]" in svg
     assert len(svg) < 8192
@@ -198,3 +199,108 @@ def test_bars_show_the_children(children_snapshot):
     html = bars_html(children_snapshot)
     assert "child processes <b>16.00 MiB</b>" in html and "child processes <b>3.00 GiB</b>" in html
     assert "2 child processes" in html
+
+
+def _sample(t, rss=MiB, used=50 * MiB, devices=None):
+    from vramlab.model import DeviceSample, Sample
+
+    if devices is None:
+        devices = (DeviceSample("cuda:0", 0, 0, used, 100 * MiB),)
+    return Sample(time=t, rss=rss, peak=None, host_used=10 * MiB, available=90 * MiB, limit=100 * MiB, swap_used=0,
+                  swap_in=0, swap_out=0, devices=devices)
+
+
+def test_the_window_kept_as_samples_come_is_what_filtering_the_ring_gives():
+    """Samples arrive a few at a time into a small ring, with gaps, a device that comes and goes and
+    a clock that steps back once; after each update the window holds exactly the old full filter's
+    samples and draws the same sparkline as a window filtered from scratch."""
+    import collections
+    import random
+
+    from vramlab.display.widget import SampleWindow, sparkline_svg
+    from vramlab.model import DeviceSample
+
+    rng = random.Random(7)
+    ring = collections.deque(maxlen=60)
+    win = SampleWindow(window_s=20.0)
+    t = 1000.0
+    for step in range(300):
+        for _ in range(rng.choice([0, 1, 1, 2, 5, 70])):
+            t += rng.choice([0.1, 0.5, 2.0, 15.0])
+            devs = (DeviceSample("cuda:0", 0, 0, rng.randrange(100) * MiB, 100 * MiB),)
+            if step % 50 > 25:
+                devs += (DeviceSample("cuda:1", None, None, None, None),)  # lost for a while
+            ring.append(_sample(t, rss=rng.randrange(100) * MiB, devices=devs))
+        if step == 150:
+            t -= 30.0  # the clock stepped back
+        now = t + rng.choice([0.0, 0.3])
+        win.update(ring, now)
+        want = [s for s in ring if s.time >= now - 20.0]
+        assert list(win.samples) == want, step
+        assert sparkline_svg(win, [], now, 20.0) == sparkline_svg(want, [], now, 20.0), step
+
+
+def test_sparkline_points_are_bounded_and_keep_a_spike():
+    import re
+
+    from vramlab.display.widget import SPARK_POINTS, sparkline_svg
+
+    now = 100_000.0
+    n = 14_400  # a full ring, all in the window
+    samples = [_sample(now - 290 + i * 290 / n, rss=(97 * MiB if i == 5_000 else MiB)) for i in range(n)]
+    svg = sparkline_svg(samples, [], now)
+    lines = re.findall(r'<polyline [^>]*points="([^"]*)"', svg)
+    assert len(lines) == 3
+    for pts in lines:
+        assert 1 <= len(pts.split()) <= SPARK_POINTS
+    assert "0–100% of capacity" in svg  # the one 97 % reading set the axis: it was not thinned away
+
+
+def test_the_monitor_keeps_its_window_without_refiltering_the_ring():
+    from vramlab.display.widget import Monitor
+
+    s = Sampler()
+    for _ in range(3):
+        s.sample_now()
+    m = Monitor(s)
+    try:
+        first = list(m._window.samples)
+        assert first == list(s.samples)
+        s.sample_now()
+        m.refresh()
+        assert list(m._window.samples) == list(s.samples) and m._window.samples[0] is first[0]
+    finally:
+        m.close()
+
+
+def _lost_snapshot(nvml_sim, scenario):
+    import vramlab
+
+    nvml_sim(scenario)
+    return vramlab.snapshot()
+
+
+@pytest.mark.parametrize("which", ["one of three", "every GPU"])
+def test_a_gpu_nvml_cannot_read_keeps_its_row_with_the_reason(nvml_sim, which):
+    import driver_scenarios as sc
+    from vramlab.display.widget import Monitor
+
+    if which == "one of three":
+        scenario, lost = sc.lost_among_three(), ["cuda:1"]
+    else:
+        scenario, lost = sc.machine(sc.gpu(0, lost=True), sc.gpu(1, lost=True)), ["cuda:0", "cuda:1"]
+    snap = _lost_snapshot(nvml_sim, scenario)
+    s = Sampler(read=lambda: snap)
+    s.sample_now()
+    m = Monitor(s)
+    try:
+        why = "NVML cannot read this device: the GPU is lost"
+        for html in (m._bars.value, m.static_html(), m.static_html(stopped=True)):
+            for id_ in lost:
+                assert f"<b>{id_}</b>" in html
+            assert html.count(why) == len(lost)
+        assert all(id_ in m._status.value for id_ in lost) and "cannot be read" in m._status.value
+        if which == "one of three":
+            assert "<b>cuda:0</b>" in m._bars.value and "<b>cuda:2</b>" in m._bars.value
+    finally:
+        m.close()

@@ -41,7 +41,7 @@ def test_show_subcommand_is_the_default(ip):
     # an option of another subcommand is an error, never silently ignored
     ("--json watch", "--json goes with %vram show, not %vram watch"),
     ("--uss history", "--uss goes with %vram show and %vram auto and %%vram"),
-    ("--last 3", "--last goes with %vram history, not %vram show"),
+    ("--last 3", "--last goes with %vram history and %vram plot, not %vram show"),
     ("--samples history", "--samples goes with %vram export"),
     ("--keep-peaks show", "--keep-peaks goes with %vram auto and %%vram"),
     ("--interval 1 stop", "--interval goes with %vram watch, not %vram stop"),
@@ -377,3 +377,20 @@ def test_watch_in_a_terminal_says_where_the_terminal_monitor_is(ip):
         with capture_output():
             ip.run_line_magic("vram", "stop")
     assert "python -m vramlab --watch" in cap.stdout
+
+
+def test_plot_last_n_draws_only_the_last_cells(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        for i in range(4):
+            ip.run_cell(f"%%vram\nq{i} = {i}\n", store_history=True)
+    import vramlab.runtime.history as h
+
+    wanted = {f"[{c.execution_count}]" for c in h.history().cells[-2:]}
+    fig = ip.run_line_magic("vram", "plot --last 2")
+    labels = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert labels and labels <= wanted, (labels, wanted)
+    with pytest.raises(UsageError, match="at least 1"):
+        ip.run_line_magic("vram", "plot --last 0")
+    with pytest.raises(UsageError, match="--last goes with %vram history and %vram plot"):
+        ip.run_line_magic("vram", "show --last 2")

@@ -5,6 +5,7 @@ import pytest
 from waiting import wait_for
 
 from vramlab.runtime.sampler import DEFAULT_INTERVAL, RING_SIZE, MAX_CONSECUTIVE_ERRORS, Sampler, get_sampler
+from vramlab.model import DeviceSample
 
 
 def sampler_threads():
@@ -158,7 +159,8 @@ def test_the_sampler_makes_no_cuda_runtime_call(monkeypatch):
     finally:
         s.stop()
     assert s.errors == 0, s.last_error
-    assert any(d[0] == "cuda:0" and d[1] == GiB for d in s.samples[-1].devices)
+    assert any(d.id == "cuda:0" and d.allocated == GiB and d.reserved == 2 * GiB for d in s.samples[-1].devices)
+    assert all(type(d) is DeviceSample for d in s.samples[-1].devices)
     assert set(calls) <= {"is_initialized", "device_count", "memory_stats"}, sorted(set(calls))
     # a reading on the calling thread may ask the runtime (free memory, the device's name)
     from vramlab.reconcile import snapshot

@@ -15,7 +15,7 @@ from typing import Optional
 from ..i18n import tr_note
 from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
-from .text import children_extra, oom_text
+from .text import children_extra, oom_text, unreadable_text
 
 __all__ = ["snapshot_html", "html_bar", "record_html", "oom_html", "COLOURS"]
 
@@ -105,6 +105,8 @@ def snapshot_html(s: Snapshot) -> str:
             title += f" · util {d.utilization}%"
         title += "</small>"
         body = ""
+        if d.source.startswith("nvml") and d.total is None:
+            body += f'<div style="font-size:90%">{_html.escape(unreadable_text(d, s.notes) or "")}</div>'
         if d.layers:
             warn = _used_fraction(d.layers, ("free",)) >= _WARN
             body += html_bar(d.layers, DEVICE_LAYERS)

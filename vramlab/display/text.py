@@ -10,11 +10,11 @@ import datetime as _dt
 from typing import Optional
 
 from ..i18n import tr, tr_note
-from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, FreedReport, History, HostDelta, HostSnapshot,
-                     OOMExplanation, Snapshot)
+from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, FreedReport, History, HostDelta,
+                     HostSnapshot, OOMExplanation, Snapshot)
 from ..units import format_bytes
 
-__all__ = ["snapshot_text", "text_bar", "children_extra", "record_text", "record_line", "history_text", "oom_text",
+__all__ = ["snapshot_text", "text_bar", "children_extra", "unreadable_text", "record_text", "record_line", "history_text", "oom_text",
            "freed_text"]
 
 #: One character per layer in text bars.
@@ -69,6 +69,32 @@ def children_extra(h: HostSnapshot) -> str:
     return f"{who}, RSS summed: counts shared pages in each (--uss for USS)"
 
 
+_UNREADABLE = "NVML cannot read this device"
+
+
+def unreadable_text(d: DeviceSnapshot, notes: tuple[str, ...] = ()) -> Optional[str]:
+    """Why a device has no figures, in words, or ``None`` when it has them.
+
+    For a GPU that NVML lists but cannot read (a lost GPU): ``"NVML cannot read this
+    device: <why>"``, the reason taken from the snapshot's note for its NVML index (or
+    ``see the notes`` when none says). For another device without a total: ``"no memory
+    figures: see the notes"``.
+    """
+    if d.total is not None:
+        return None
+    if not d.source.startswith("nvml"):
+        return "no memory figures: see the notes"
+    why = "see the notes"
+    if d.nvml_index is not None:
+        head = f"NVML device {d.nvml_index}"
+        for n in notes:
+            if (n.startswith(head + " ") or n.startswith(head + "(")) and " cannot be read: " in n:
+                why = n.split(" cannot be read: ", 1)[1]
+                why = why.split("; it is left out of the figures", 1)[0].strip() or why
+                break
+    return f"{_UNREADABLE}: {why}"
+
+
 def snapshot_text(s: Snapshot, width: int = 40) -> str:
     """Render ``s`` as an aligned plain-text table (sizes in IEC units)."""
     when = _dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S")
@@ -117,7 +143,7 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
                 extra += f", OOMs {d.num_ooms}"
             lines.append(extra)
         if d.source.startswith("nvml") and d.total is None:
-            lines.append("  (NVML cannot read this device: see the notes)")
+            lines.append(f"  ({unreadable_text(d, s.notes)})")
         elif d.source == "nvml" and d.id.startswith("cuda"):
             lines.append("  (torch has not used this device: no allocator figures)")
     if not s.devices:

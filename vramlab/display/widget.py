@@ -23,24 +23,27 @@ the notebook saves; when the sampler starts again the live widget comes back.
 
 from __future__ import annotations
 
+import collections
 import html as _html
+import itertools
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from operator import itemgetter
+from typing import Any, Deque, Iterable, Optional
 
 import ipywidgets as widgets
 
 from ..model import DEVICE_LAYERS, HOST_LAYERS
 from ..units import format_bytes
 from .html import COLOURS, html_bar
-from .text import snapshot_text
+from .text import snapshot_text, unreadable_text
 
-__all__ = ["Monitor", "bars_html", "sparkline_svg", "MAX_UPDATES_PER_S", "WINDOW_S"]
+__all__ = ["Monitor", "SampleWindow", "bars_html", "sparkline_svg", "MAX_UPDATES_PER_S", "WINDOW_S", "SPARK_POINTS"]
 
 MAX_UPDATES_PER_S = 4
 WINDOW_S = 300.0  # seconds of history in the sparkline
-SPARK_POINTS = 120
+SPARK_POINTS = 120  # at most this many points per line of the sparkline (each the highest of its stretch)
 MIN_SPAN_S = 30.0  # the sparkline's shortest time axis, while there is less history than WINDOW_S
 _Y_TOPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the sparkline's y axis ends at the first that fits
 _WARN = 0.90
@@ -80,11 +83,24 @@ def _row(title: str, sub: str, bar: str, legend: str, warn: bool) -> str:
             f'<div style="font-size:11.5px;{legend_top}">{legend}</div></div></div>')
 
 
+def unreadable_devices(snap: Any) -> list[Any]:
+    """The devices of ``snap`` that have no figures to draw (no layers): a lost GPU, say."""
+    return [d for d in snap.devices if not d.layers]
+
+
 def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str:
-    """The monitor's bars for one Snapshot: every device, the host, swap."""
+    """The monitor's bars for one Snapshot: every device, the host, swap.
+
+    A device without figures (a GPU that NVML cannot read) keeps its row, with the reason
+    in words (``NVML cannot read this device: the GPU is lost ...``) in place of a bar.
+    ``swap_rate`` is (paged in, paged out) in bytes per second.
+    """
     rows = []
     for d in snap.devices:
         if not d.layers:
+            why = unreadable_text(d, tuple(snap.notes)) or "no memory figures: see the notes"
+            rows.append(_row(d.id, _html.escape(d.name or ""), "",
+                             f'<span style="color:#e15759">{_html.escape(why)}</span>', True))
             continue
         used = 1.0 - d.layer("free") / d.total if d.total else 0.0
         warn = used >= _WARN
@@ -117,49 +133,181 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
     return f'<div style="font-size:12.5px;line-height:1.35;color:inherit;margin-top:6px">{"".join(rows)}</div>'
 
 
+_SECOND = itemgetter(1)
+
+
 def _downsample(points: list[tuple[float, float]], n: int) -> list[tuple[float, float]]:
+    """At most ``n`` of ``points``: the highest of each of ``n`` equal stretches (spikes stay)."""
     if len(points) <= n:
         return points
     step = len(points) / n
     out = []
     for i in range(n):
         chunk = points[int(i * step): int((i + 1) * step)] or [points[-1]]
-        out.append(max(chunk, key=lambda p: p[1]))  # keep spikes
+        out.append(max(chunk, key=_SECOND))  # keep spikes
     return out
+
+
+class SampleWindow:
+    """The samples of the last ``window_s`` seconds, and the sparkline's series, kept as they come.
+
+    :meth:`update` takes the samples the ring gained since the last call and drops from the
+    left those older than ``now - window_s``, so a redraw costs what changed, not the whole
+    ring. Its content is always what ``[s for s in ring if s.time >= now - window_s]``
+    gives: when the clock went back (a sample older than the one before it, or an earlier
+    ``now``), or when the samples seen last left the ring, it is rebuilt that way.
+
+    ``series`` maps each line's label to its ``(time, fraction of capacity)`` points, in
+    order: ``host RSS`` and ``host used`` (of the host's effective limit), then ``<id> used``
+    per device (of its total), in the order the devices first appear in the window.
+    """
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self.samples: Deque[Any] = collections.deque()
+        self.series: dict[str, Deque[tuple[float, float]]] = {}
+        self._last: Any = None  # the newest sample taken in
+        self._now: Optional[float] = None
+        self._ordered = True
+
+    def update(self, ring: Any, now: float) -> None:
+        """Take in the samples ``ring`` (oldest first) gained since the last call; the window
+        ends at ``now`` (seconds since the epoch)."""
+        new = None
+        if self._ordered and self._now is not None and now >= self._now:
+            new = _newer_than(ring, self._last)
+        if new is None:
+            self._rebuild(ring, now)
+            return
+        self._now = now
+        for s in new:
+            if self.samples and s.time < self.samples[-1].time:  # the clock went back
+                self._rebuild(ring, now)
+                return
+            self._add(s)
+        self._drop_older_than(now - self.window_s)
+
+    def _rebuild(self, ring: Any, now: float) -> None:
+        self.samples.clear()
+        self.series.clear()
+        self._last = None
+        self._now = now
+        cutoff = now - self.window_s
+        recent = [s for s in _copy(ring) if s.time >= cutoff]
+        self._ordered = all(a.time <= b.time for a, b in zip(recent, recent[1:]))
+        if not recent:
+            return
+        self.samples.extend(recent)
+        self._last = recent[-1]
+        host = [s for s in recent if s.limit]
+        if host:
+            self.series["host RSS"] = collections.deque([(s.time, s.rss / s.limit) for s in host])
+            self.series["host used"] = collections.deque([(s.time, s.host_used / s.limit) for s in host])
+        for s in recent:
+            for d in s.devices:
+                if d.used is not None and d.total:
+                    self._point(f"{d.id} used", s.time, d.used / d.total)
+
+    def _add(self, s: Any) -> None:
+        self.samples.append(s)
+        self._last = s
+        if s.limit:
+            self._point("host RSS", s.time, s.rss / s.limit)
+            self._point("host used", s.time, s.host_used / s.limit)
+        for d in s.devices:
+            if d.used is not None and d.total:
+                self._point(f"{d.id} used", s.time, d.used / d.total)
+
+    def _point(self, label: str, t: float, f: float) -> None:
+        pts = self.series.get(label)
+        if pts is None:
+            pts = self.series[label] = collections.deque()
+        pts.append((t, f))
+
+    def _drop_older_than(self, cutoff: float) -> None:
+        samples = self.samples
+        while samples and samples[0].time < cutoff:
+            samples.popleft()
+        for label in list(self.series):
+            pts = self.series[label]
+            while pts and pts[0][0] < cutoff:
+                pts.popleft()
+            if not pts:
+                del self.series[label]
+
+    @classmethod
+    def of(cls, samples: Iterable[Any], now: float, window_s: float = WINDOW_S) -> "SampleWindow":
+        """The window of ``samples`` (oldest first) ending at ``now``."""
+        w = cls(window_s)
+        w._rebuild(list(samples), now)
+        return w
+
+
+def _copy(ring: Any) -> list[Any]:
+    """A list of ``ring``'s items; retried if another thread changed it meanwhile."""
+    while True:
+        try:
+            return list(ring)
+        except RuntimeError:  # pragma: no cover - "deque mutated during iteration"
+            continue
+
+
+def _newer_than(ring: Any, last: Any) -> Optional[list[Any]]:
+    """The items of ``ring`` after ``last`` (oldest first), found by identity from the right;
+    ``None`` when ``last`` is not in it (never set, or gone from the ring)."""
+    if last is None:
+        return None
+    k = 16
+    while True:
+        try:
+            tail = list(itertools.islice(reversed(ring), k))
+        except RuntimeError:  # pragma: no cover - appended to meanwhile: look again
+            continue
+        for i, s in enumerate(tail):
+            if s is last:
+                return tail[:i][::-1]
+        if len(tail) < k:
+            return None
+        k *= 4
 
 
 def _span_label(span: float) -> str:
     return f"{span:.0f} s" if span < 120 else f"{span / 60:.0f} min"
 
 
-def sparkline_svg(samples: list[Any], markers: list[Any], now: float, window_s: float = WINDOW_S,
+_PALETTE = ("#59a14f", "#edc948", "#af7aa1", "#ff9da7")
+
+
+def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float = WINDOW_S,
                   width: int = 420, height: int = 58) -> str:
     """An inline SVG of the last ``window_s`` seconds: each series as a fraction of its capacity.
+
+    ``samples`` is a list of samples (oldest first), or a :class:`SampleWindow` already
+    brought up to ``now`` (what the monitor passes: nothing is filtered again). Each line has
+    at most :data:`SPARK_POINTS` points, the highest of each stretch, so spikes stay.
 
     With less history than ``window_s`` the time axis spans what there is (at least
     :data:`MIN_SPAN_S`), so a new monitor does not squeeze its line into the right edge. The
     y axis ends at the first of 1, 2, 5, 10, 20, 50, 100 % that holds every point, so a small
     process on a large machine still shows its rises; the label says where it ends.
     """
-    recent = [s for s in samples if s.time >= now - window_s]
+    win = samples if isinstance(samples, SampleWindow) else SampleWindow.of(samples, now, window_s)
     span = window_s
-    if recent:
-        span = min(window_s, max(now - recent[0].time, MIN_SPAN_S))
+    if win.samples:
+        span = min(window_s, max(now - win.samples[0].time, MIN_SPAN_S))
     t0 = now - span
     series: list[tuple[str, str, list[tuple[float, float]]]] = []
-    if recent:
-        series.append(("host RSS", COLOURS["process"],
-                       [(s.time, s.rss / s.limit) for s in recent if s.limit]))
-        series.append(("host used", COLOURS["others"],
-                       [(s.time, s.host_used / s.limit) for s in recent if s.limit]))
-        ids: list[str] = []
-        for s in recent:
-            ids.extend(d[0] for d in s.devices if d[0] not in ids)
-        palette = ["#59a14f", "#edc948", "#af7aa1", "#ff9da7"]
-        for k, id_ in enumerate(ids):
-            pts = [(s.time, d[3] / d[4]) for s in recent for d in s.devices
-                   if d[0] == id_ and d[3] is not None and d[4]]
-            series.append((f"{id_} used", palette[k % len(palette)], pts))
+    if win.samples:
+        series.append(("host RSS", COLOURS["process"], _downsample(list(win.series.get("host RSS", ())),
+                                                                   SPARK_POINTS)))
+        series.append(("host used", COLOURS["others"], _downsample(list(win.series.get("host used", ())),
+                                                                   SPARK_POINTS)))
+        k = 0
+        for label, pts in win.series.items():
+            if label in ("host RSS", "host used"):
+                continue
+            series.append((label, _PALETTE[k % len(_PALETTE)], _downsample(list(pts), SPARK_POINTS)))
+            k += 1
     peak = max((f for _, _, pts in series for _, f in pts), default=0.0)
     top = next((t for t in _Y_TOPS if peak <= t), 1.0)
     plot_h = height - 16
@@ -189,7 +337,6 @@ def sparkline_svg(samples: list[Any], markers: list[Any], now: float, window_s: 
                      f"<title>{_html.escape(m.label)}</title></line>")
     legend = []
     for label, colour, pts in series:
-        pts = _downsample(pts, SPARK_POINTS)
         if len(pts) >= 1:
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                          f'points="{" ".join(xy(t, f) for t, f in pts)}"/>')
@@ -212,7 +359,8 @@ class Monitor(widgets.VBox):
         self.add_class("vramlab-monitor")
         self._sampler = sampler
         self._window_s = window_s
-        self._lock = threading.Lock()
+        self._window = SampleWindow(window_s)  # the sparkline's samples, kept as they come
+        self._lock = threading.RLock()
         self._last_push = 0.0
         self._last_spark_key: Any = None
         self._error_shown: Optional[str] = None
@@ -245,6 +393,7 @@ class Monitor(widgets.VBox):
         if stopped and s.stopped_reason and s.stopped_reason != "stopped":
             state += f" ({_html.escape(s.stopped_reason)})"
         text = f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · {state}</span>'
+        text += _unreadable_status(self._snap())
         if s.last_error:
             self._error_shown = self._error_shown or s.last_error
             text += (f'<br><span style="font-size:12px;color:#e15759">sampling error: '
@@ -266,13 +415,14 @@ class Monitor(widgets.VBox):
             self._last_push = time.monotonic()
             pushed = self._set(self._status, self._status_html())
             pushed |= self._set(self._bars, bars_html(snap, self._swap_rate()))
-            samples = list(self._sampler.samples)
-            markers = list(self._sampler.markers)
+            self._window.update(self._sampler.samples, snap.time)
+            win = self._window.samples
+            markers = _copy(self._sampler.markers)
             # redraw the timeline when a reading or marker changed, or every 5 s as the window slides
-            key = (_spark_key(samples[-1:]), len(markers), int(snap.time // 5))
+            key = (_spark_key(win[-1] if win else None), len(markers), int(snap.time // 5))
             if force or key != self._last_spark_key:
                 self._last_spark_key = key
-                pushed |= self._set(self._spark, sparkline_svg(samples, markers, snap.time, self._window_s))
+                pushed |= self._set(self._spark, sparkline_svg(self._window, markers, snap.time, self._window_s))
             if pushed:
                 self.updates += 1
 
@@ -329,7 +479,9 @@ class Monitor(widgets.VBox):
         else:
             status = (f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · static copy of the live monitor, '
                       f"reading of {when}</span>")
-        spark = sparkline_svg(list(self._sampler.samples), list(self._sampler.markers), snap.time, self._window_s)
+        with self._lock:
+            self._window.update(self._sampler.samples, snap.time)
+            spark = sparkline_svg(self._window, _copy(self._sampler.markers), snap.time, self._window_s)
         return (f'<div class="vramlab-monitor-static" style="color:inherit;padding:2px 0">{status}'
                 f"{bars_html(snap, self._swap_rate())}{spark}</div>")
 
@@ -376,9 +528,21 @@ def _in_kernel() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
-def _spark_key(last: list[Any]) -> Any:
-    if not last:
+def _spark_key(s: Any) -> Any:
+    """What of the newest sample the sparkline shows, to the MiB (``None`` for no sample)."""
+    if s is None:
         return None
-    s = last[0]
     mib = 1 << 20
-    return (s.rss // mib, s.host_used // mib, tuple((d[0], (d[3] or 0) // mib) for d in s.devices))
+    return (s.rss // mib, s.host_used // mib, tuple((d.id, (d.used or 0) // mib) for d in s.devices))
+
+
+def _unreadable_status(snap: Any) -> str:
+    """A warning for the status line naming the devices without figures ("" when none)."""
+    if snap is None:
+        return ""
+    bad = unreadable_devices(snap)
+    if not bad:
+        return ""
+    names = ", ".join(d.id for d in bad)
+    return (f' <span style="font-size:12px;color:#e15759">· {_html.escape(names)}: '
+            "cannot be read, see below</span>")

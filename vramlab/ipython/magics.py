@@ -10,7 +10,7 @@ Usage::
     %vram auto on|off          # a one-line record after every cell
     %vram history              # a table of the last cells (--last N)
     %vram export PATH          # .csv (cells, or --samples) or .json (everything)
-    %vram plot                 # a matplotlib timeline with cell spans and OOMs
+    %vram plot                 # a matplotlib timeline with cell spans and OOMs (--last N: the last N cells)
     %vram free                 # drop what the last traceback keeps alive, collect, empty the cache
     %vram last                 # the latest cell record
 
@@ -68,7 +68,7 @@ _OPTION_SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "interval": ("--interval", ("watch",)),
     "keep_peaks": ("--keep-peaks", ("auto",)),
     "samples": ("--samples", ("export",)),
-    "last": ("--last", ("history",)),
+    "last": ("--last", ("history", "plot")),
 }
 #: the options ``%%vram`` takes (they apply to its one cell as to every cell of ``%vram auto``)
 _CELL_OPTIONS = ("keep_peaks", "uss")
@@ -94,7 +94,8 @@ class VramMagics(Magics):
     @argument("--keep-peaks", action="store_true",
               help="%%%%vram and auto: do not reset the global peak counters")
     @argument("--samples", action="store_true", help="export: write the samples table instead of the cells (CSV)")
-    @argument("--last", type=int, default=None, metavar="N", help="history: how many cells (default 20)")
+    @argument("--last", type=int, default=None, metavar="N",
+              help="history: how many cells (default 20); plot: only the last N cells (default all)")
     @line_cell_magic
     def vram(self, line: str = "", cell: Optional[str] = None) -> Any:
         """GPU memory (NVML and the torch allocator), host RAM and swap, reconciled; live and per cell."""
@@ -191,8 +192,8 @@ class VramMagics(Magics):
         from .._extras import MissingExtra
 
         try:
-            return api.plot()
-        except MissingExtra as e:
+            return api.plot(last=args.last)
+        except (MissingExtra, ValueError) as e:
             raise UsageError(str(e)) from None
 
     def _cmd_free(self, args: Any) -> None:

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Optional
 
-from ..model import Marker, Sample
+from ..model import DeviceSample, Marker, Sample
 
 __all__ = ["Sample", "Marker", "Sampler", "get_sampler", "existing_sampler", "DEFAULT_INTERVAL", "RING_SIZE"]
 
@@ -51,7 +51,7 @@ def sample_from(snap: Any) -> Sample:
     return Sample(
         time=snap.time, rss=h.process_rss, peak=h.process_peak, host_used=scope_used, available=h.available,
         limit=h.limit, swap_used=h.swap_used, swap_in=h.swap_in, swap_out=h.swap_out,
-        devices=tuple((d.id, d.torch_allocated, d.torch_reserved, d.used, d.total) for d in snap.devices),
+        devices=tuple(DeviceSample(d.id, d.torch_allocated, d.torch_reserved, d.used, d.total) for d in snap.devices),
     )
 
 
