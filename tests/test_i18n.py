@@ -11,7 +11,6 @@ from pathlib import Path
 import polib
 import pytest
 
-from vramlab import i18n
 from vramlab.i18n import lang, set_lang, tr, tr_note
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,7 +45,7 @@ def test_the_public_names_are_the_layered_modules_objects():
 
 def test_an_unknown_name_is_an_attribute_error():
     try:
-        vramlab.lab  # the old name of sim/ and lessons/
+        _ = vramlab.lab  # the old name of sim/ and lessons/
     except AttributeError as e:
         assert "'lab'" in str(e)
     else:  # pragma: no cover

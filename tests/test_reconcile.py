@@ -1,5 +1,4 @@
 import json
-import sys
 
 from hypothesis import given, strategies as st
 

@@ -51,7 +51,7 @@ __all__ = [
     "__version__",
 ]
 
-from . import display as _display  # registers the text/HTML renderers of the model's objects
+from . import display as _display  # noqa: F401 - registers the text/HTML renderers of the model's objects
 from .units import format_bytes, parse_size
 
 _LAZY = {

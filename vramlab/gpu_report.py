@@ -31,7 +31,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +165,7 @@ def _sampler(torch: Any, why: Optional[str]) -> list[Row]:
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             for _ in range(20):
-                a @ a
+                a @ a  # noqa: F821 - a is deleted only after the last call
             torch.cuda.synchronize(dev)
             n += 20
         return n / (time.perf_counter() - t0)

@@ -25,6 +25,8 @@ import tempfile
 from typing import IO, Any, Callable, NamedTuple, Optional
 
 __all__ = [
+    "Consumer",
+    "FreedDevice",
     "DEVICE_LAYERS",
     "HOST_LAYERS",
     "HostReading",
@@ -257,6 +259,9 @@ class HostDelta:
     start and end: their number, their summed RSS (which counts the pages they share
     with this process once in each), and their summed USS (what they add beyond this
     process), ``None`` unless the record read it (``Recorder(uss=True)``).
+
+    ``uss_start``/``uss_end``/``uss_delta``: this process's own USS (its private pages) at
+    the cell's start and end, ``None`` unless the record read USS.
     """
 
     rss_start: int
@@ -274,6 +279,9 @@ class HostDelta:
     children_uss_start: Optional[int] = None
     children_uss_end: Optional[int] = None
     children_uss_delta: Optional[int] = None
+    uss_start: Optional[int] = None
+    uss_end: Optional[int] = None
+    uss_delta: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -539,6 +547,22 @@ class History:
         return {"text/plain": self.text()}
 
 
+class Consumer(NamedTuple):
+    """A name in the user's namespace that holds tensors: their unique storages' bytes and devices."""
+
+    name: str
+    nbytes: int  #: bytes of the unique storages it keeps alive
+    devices: str  #: the devices they are on, comma-separated (``"cuda:0"``, ``"cpu, cuda:0"``)
+
+
+class FreedDevice(NamedTuple):
+    """What :func:`vramlab.runtime.oom.free_last_error` returned on one device, in bytes."""
+
+    id: str
+    allocated: int  #: torch's allocated bytes before less after
+    reserved: int  #: torch's reserved bytes before less after
+
+
 @dataclass(frozen=True)
 class OOMExplanation:
     """What an OOM asked for and what could be done. Sizes in bytes.
@@ -556,7 +580,7 @@ class OOMExplanation:
     reserved_unallocated: Optional[int]
     torch_allocated: Optional[int]
     shortfall: Optional[int]
-    consumers: tuple[tuple[str, int, str], ...]
+    consumers: tuple[Consumer, ...]
     suggestions: tuple[str, ...]
     batch_size: Optional[int] = None
     fitting_batch_size: Optional[int] = None
@@ -578,7 +602,7 @@ class FreedReport:
     """Bytes returned by :func:`vramlab.runtime.oom.free_last_error`: host RSS, and per device allocated/reserved."""
 
     host: int
-    devices: tuple[tuple[str, int, int], ...] = field(default_factory=tuple)
+    devices: tuple[FreedDevice, ...] = field(default_factory=tuple)
     cleared: tuple[str, ...] = field(default_factory=tuple)
 
     def text(self) -> str:

@@ -232,6 +232,7 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
         for n in CHECKS:
             add(n, (None, f"skipped: {nv.reason or 'no NVIDIA device'}"))
         return checks
+    torch: Any
     try:
         import torch
     except Exception as e:

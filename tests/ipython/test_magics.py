@@ -151,7 +151,6 @@ def test_auto_bad_argument(ip):
 
 def test_watch_and_stop(ip):
     import threading
-    import time
 
     import vramlab
 
@@ -394,3 +393,20 @@ def test_plot_last_n_draws_only_the_last_cells(ip):
         ip.run_line_magic("vram", "plot --last 0")
     with pytest.raises(UsageError, match="--last goes with %vram history and %vram plot"):
         ip.run_line_magic("vram", "show --last 2")
+
+
+def test_uss_prints_this_processs_uss_in_the_record(ip):
+    """%%vram --uss: its help says it reads the USS of this process too, so the record shows it
+    (a cell that writes 64 MiB of new private pages raises it by at least that much)."""
+    import vramlab
+
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output() as cap:
+        ip.run_cell_magic("vram", "--uss", "kept_uss = bytearray(64 << 20)\nkept_uss[::4096] = b'x' * (64 << 8)")
+    h = vramlab.last().host
+    assert h.uss_start is not None and h.uss_end is not None and h.uss_delta >= 64 << 20
+    assert "host USS" in cap.outputs[0].data["text/plain"] and "USS" in cap.outputs[0].data["text/html"]
+    with capture_output():
+        ip.run_cell_magic("vram", "", "x = 1")
+    assert vramlab.last().host.uss_delta is None  # without --uss nothing is read
+    ip.user_ns.pop("kept_uss", None)

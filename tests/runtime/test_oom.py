@@ -73,9 +73,10 @@ def test_largest_consumers_from_the_namespace():
     view = w[:10]
     model = torch.nn.Linear(256, 256)
     ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), {"w": w, "view": view, "model": model, "_hidden": w})
-    names = [c[0] for c in ex.consumers]
+    names = [c.name for c in ex.consumers]
     assert names[0] in ("w", "view") and "model" in names and "_hidden" not in names
-    assert dict((c[0], c[1]) for c in ex.consumers)["w"] == 4 * MiB
+    assert {c.name: c.nbytes for c in ex.consumers}["w"] == 4 * MiB
+    assert all(c.devices == "cpu" for c in ex.consumers)
 
 
 def test_free_last_error_returns_what_the_traceback_kept():

@@ -250,7 +250,7 @@ def test_adopt_is_all_or_nothing():
 
 
 def test_oom_message_has_cuda_shape_and_real_figures():
-    with VirtualGPU("16MiB", name="tiny") as gpu:
+    with VirtualGPU("16MiB", name="tiny"):
         keep = torch.empty(MiB)  # 4 MiB
         with pytest.raises(torch.OutOfMemoryError) as ei:
             torch.empty(4 * MiB)  # 16 MiB

@@ -147,6 +147,9 @@ def record_html(r: CellRecord) -> str:
     peak = "n/a" if h.peak_delta is None else "+" + format_bytes(max(h.peak_delta, 0))
     rows.append(f"<tr><td {tl}>host</td><td {td}>{format_bytes(h.rss_delta, signed=True)}</td>"
                 f"<td {td}>{peak}</td><td {tl}>RSS</td></tr>")
+    if h.uss_delta is not None:
+        rows.append(f"<tr><td></td><td {td}>{format_bytes(h.uss_delta, signed=True)}</td><td></td>"
+                    f"<td {tl}>USS ({format_bytes(h.uss_end)} at the end)</td></tr>")
     if h.swap_delta:
         rows.append(f"<tr><td {tl}>swap</td><td {td}>{format_bytes(h.swap_delta, signed=True)}</td><td></td><td></td></tr>")
     if h.children_count_start or h.children_count_end:

@@ -166,6 +166,8 @@ def record_text(r: CellRecord) -> str:
     lines = [head, f"  {'':<10}{'delta':>12}{'peak during cell':>20}"]
     peak = "n/a" if h.peak_delta is None else "+" + fb(max(h.peak_delta, 0))
     lines.append(f"  {'host RSS':<10}{fb(h.rss_delta, signed=True):>12}{peak:>20}")
+    if h.uss_delta is not None:
+        lines.append(f"  {'host USS':<10}{fb(h.uss_delta, signed=True):>12}{'':>20}  {fb(h.uss_end)} at the end")
     if h.swap_delta:
         lines.append(f"  {'swap':<10}{fb(h.swap_delta, signed=True):>12}")
     if _had_children(h):
@@ -199,6 +201,8 @@ def record_line(r: CellRecord) -> str:
     host = f"RSS {format_bytes(h.rss_delta, signed=True)}"
     if h.peak_delta is not None:
         host += f" (peak +{format_bytes(max(h.peak_delta, 0))})"
+    if h.uss_delta is not None:
+        host += f", USS {format_bytes(h.uss_delta, signed=True)}"
     parts.append(host)
     if _had_children(h):
         kids = f"children {format_bytes(h.children_rss_delta, signed=True)} RSS"
@@ -227,7 +231,7 @@ def history_text(h: History, last: int = 20) -> str:
     cells = h.cells[-last:]
     if not cells:
         return "no cell records yet: use %%vram on a cell, or %vram auto on"
-    ids = []
+    ids: list[str] = []
     for r in cells:
         ids.extend(d.id for d in r.devices if d.allocated_delta is not None and d.id not in ids)
     head = f"{'cell':>5} {'wall s':>8} {'RSS delta':>12} {'RSS peak':>12}"
@@ -269,8 +273,8 @@ def oom_text(e: OOMExplanation) -> str:
         lines.append("  " + tr("fragmentation is the cause: free memory and the cache together would hold the request"))
     if e.consumers:
         lines.append("  " + tr("largest live consumers:"))
-        for name, n, where in e.consumers:
-            lines.append(f"    {name:<24}{format_bytes(n):>12}  {where}")
+        for c in e.consumers:
+            lines.append(f"    {c.name:<24}{format_bytes(c.nbytes):>12}  {c.devices}")
     if e.suggestions:
         lines.append("  " + tr("what to try, most effective first:"))
         lines.extend(f"    {i}. {s}" for i, s in enumerate(e.suggestions, 1))
@@ -281,8 +285,8 @@ def oom_text(e: OOMExplanation) -> str:
 def freed_text(f: FreedReport) -> str:
     """What ``%vram free`` returned: one line per layer."""
     lines = [f"[vramlab] freed: host RSS {format_bytes(f.host)}"]
-    for id_, alloc, reserved in f.devices:
-        lines.append(f"  {id_}: allocated {format_bytes(alloc)}, reserved {format_bytes(reserved)}")
+    for d in f.devices:
+        lines.append(f"  {d.id}: allocated {format_bytes(d.allocated)}, reserved {format_bytes(d.reserved)}")
     if f.cleared:
         lines.append("  dropped: " + ", ".join(f.cleared))
     return "\n".join(lines)

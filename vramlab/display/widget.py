@@ -303,10 +303,10 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
         series.append(("host used", COLOURS["others"], _downsample(list(win.series.get("host used", ())),
                                                                    SPARK_POINTS)))
         k = 0
-        for label, pts in win.series.items():
+        for label, kept in win.series.items():
             if label in ("host RSS", "host used"):
                 continue
-            series.append((label, _PALETTE[k % len(_PALETTE)], _downsample(list(pts), SPARK_POINTS)))
+            series.append((label, _PALETTE[k % len(_PALETTE)], _downsample(list(kept), SPARK_POINTS)))
             k += 1
     peak = max((f for _, _, pts in series for _, f in pts), default=0.0)
     top = next((t for t in _Y_TOPS if peak <= t), 1.0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from types import FrameType
 from typing import Any, Optional
 
 from IPython.display import display
@@ -52,14 +53,15 @@ def cell_number(shell: Any, info: Any = None) -> Optional[int]:
     if isinstance(count, int) and (info is None or getattr(hook, "info", None) is info):
         return count
     if info is not None:
-        frame = sys._getframe(1)
+        frame: Optional[FrameType] = sys._getframe(1)
         for _ in range(_FRAMES):
             if frame is None:
                 break
             if frame.f_code.co_name in ("run_cell_async", "_run_cell", "run_cell"):
                 result = frame.f_locals.get("result")
-                if getattr(result, "info", None) is info and isinstance(getattr(result, "execution_count", None), int):
-                    return int(result.execution_count)
+                number = getattr(result, "execution_count", None)
+                if getattr(result, "info", None) is info and isinstance(number, int):
+                    return number
             frame = frame.f_back
     count = getattr(shell, "execution_count", None)
     return count if isinstance(count, int) else None

@@ -109,7 +109,8 @@ def feasible_grid(step: Callable[[Any, Any], int], rows: Sequence[Any], cols: Se
                 del e
                 gc.collect()
                 peaks[i][j] = None
-            if prune and (peaks[i][j] is None or peaks[i][j] > budget):
+            got = peaks[i][j]
+            if prune and (got is None or got > budget):
                 break
     return Grid(tuple(rows), tuple(cols), tuple(tuple(p) for p in peaks), int(budget))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from torch import nn
@@ -82,7 +82,7 @@ def sparse_bytes(t: torch.Tensor, layout: str = "csr") -> int:
         with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
             warnings.simplefilter("ignore")
             s = t.to_sparse_csr()
-        parts = (s.values(), s.col_indices(), s.crow_indices())
+        parts: tuple[torch.Tensor, ...] = (s.values(), s.col_indices(), s.crow_indices())
     elif layout == "coo":
         s = t.to_sparse().coalesce()
         parts = (s.values(), s.indices())
@@ -127,8 +127,8 @@ def prune_neurons(model: nn.Module, amount: float, inplace: bool = False) -> nn.
                     break
             if j is None:
                 continue
-            a = seq[i]  # may have been replaced as the "next" of an earlier pair
-            b = seq[j]
+            a = cast(nn.Linear, seq[i])  # may have been replaced as the "next" of an earlier pair
+            b = cast(nn.Linear, seq[j])
             keep_n = max(1, round(a.out_features * (1.0 - amount)))
             with torch.no_grad():
                 score = a.weight.norm(dim=1)

@@ -109,6 +109,10 @@ class QuantLinear(nn.Module):
     ``scale`` (float32), ``bias`` (or ``None``).
     """
 
+    qweight: torch.Tensor  #: the quantised weight: int8, or two int4 values packed per byte
+    scale: torch.Tensor  #: one scale per group of ``group_size`` weights of a row
+    bias: Optional[torch.Tensor]
+
     def __init__(self, linear: nn.Linear, bits: int = 8, group_size: Optional[int] = None) -> None:
         super().__init__()
         if bits not in (4, 8):

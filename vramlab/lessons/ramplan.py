@@ -252,7 +252,7 @@ def iter_npy_batches(path: str | os.PathLike, rows: int) -> Iterator[Any]:
         for start in range(0, n, rows):
             k = min(rows, n - start)
             out = np.empty((k, *row_shape), dtype=dtype)
-            got = f.readinto(memoryview(out).cast("B"))
+            got = f.readinto(memoryview(out).cast("B"))  # type: ignore[arg-type]  # numpy arrays are buffers
             if got != out.nbytes:
                 raise IOError(f"short read in {path}: {got} of {out.nbytes} bytes")
             yield out

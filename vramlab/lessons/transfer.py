@@ -197,7 +197,7 @@ def bucketed_batches(lengths: Sequence[int], batch_size: int, seed: int = 0, buc
     idx = list(range(len(lengths)))
     rng.shuffle(idx)
     pool = batch_size * bucket_batches
-    batches = []
+    batches: list[list[int]] = []
     for i in range(0, len(idx), pool):
         chunk = sorted(idx[i:i + pool], key=lambda j: lengths[j])
         batches.extend(chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size))

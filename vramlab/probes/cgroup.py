@@ -271,7 +271,7 @@ def find_cgroup_limit(
     memory controller (its usage file exists), except on the hierarchy's root above this
     process's cgroup, where the kernel writes none.
     """
-    for version, chain, path in _cgroup_dirs(cgroup_text, mountinfo_text, exists):
+    for version, chain, _path in _cgroup_dirs(cgroup_text, mountinfo_text, exists):
         limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
         usage_file = "memory.current" if version == 2 else "memory.usage_in_bytes"
         leaf_limit, leaf_err = _read_checked(read, os.path.join(chain[0], limit_file))

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, TypedDict
 
 from ..model import HostReading
 from .cgroup import CGROUP, CgroupReading, os_read
@@ -219,6 +219,7 @@ def read_children(uss: bool = False) -> ChildrenReading:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
             if uss:
+                m: Any
                 try:
                     m = p.memory_full_info()
                 except psutil.AccessDenied:  # another user's (a setuid helper): RSS only
@@ -356,7 +357,15 @@ def _read_host_psutil(uss: bool) -> HostReading:
     )
 
 
-def _children_fields(k: ChildrenReading) -> dict[str, object]:
+class _ChildrenFields(TypedDict):
+    children_count: int
+    children_rss: int
+    children_uss: Optional[int]
+    children_pss: Optional[int]
+    children_pids: tuple[int, ...]
+
+
+def _children_fields(k: ChildrenReading) -> _ChildrenFields:
     return {"children_count": len(k.pids), "children_rss": k.rss, "children_uss": k.uss, "children_pss": k.pss,
             "children_pids": k.pids}
 

@@ -30,6 +30,7 @@ Real drivers, as this probe meets them:
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -250,7 +251,7 @@ class _Nvml:
             # probe never prints
             warnings.simplefilter("ignore", FutureWarning)
             try:
-                import pynvml  # type: ignore[import-not-found]
+                import pynvml
             except Exception as e:  # pragma: no cover - nvidia-ml-py is a dependency
                 self._reason = f"NVML unavailable: the pynvml module cannot be imported ({e})"
                 return
@@ -364,7 +365,7 @@ class _Nvml:
         for version in ("v3", "v2"):
             fn = getattr(pynvml, f"{symbol}_{version}", None)
             if fn is not None:
-                candidates.append((version, lambda fn=fn: _versioned_lister(fn)))
+                candidates.append((version, functools.partial(_versioned_lister, fn)))
         candidates.append(("v1", lambda: _v1_lister(pynvml, symbol)))
         for version, make in candidates:
             try:

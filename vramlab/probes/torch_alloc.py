@@ -153,7 +153,7 @@ def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[
         mps_ok = bool(mps is not None and backends_mps is not None and backends_mps.is_available())
     except Exception:
         mps_ok = False
-    if mps_ok:
+    if mps_ok and mps is not None:
         try:
             total = None
             if hasattr(mps, "recommended_max_memory"):

@@ -17,7 +17,7 @@ import sys
 from typing import Any, Optional
 
 from ..i18n import tr
-from ..model import FreedReport, OOMExplanation
+from ..model import Consumer, FreedDevice, FreedReport, OOMExplanation
 from ..reconcile import snapshot
 from ..units import format_bytes, parse_size
 
@@ -102,12 +102,12 @@ def parse_oom_message(message: str) -> dict[str, Optional[int]]:
     return out
 
 
-def _live_consumers(ns: Optional[dict[str, Any]], limit: int = 5) -> list[tuple[str, int, str]]:
+def _live_consumers(ns: Optional[dict[str, Any]], limit: int = 5) -> list[Consumer]:
     """The largest tensors, modules and optimizers named in ``ns`` (unique storages)."""
     torch = sys.modules.get("torch")
     if torch is None or not ns:
         return []
-    out = []
+    out: list[Consumer] = []
     for name, obj in list(ns.items()):
         if name.startswith("_"):
             continue
@@ -139,8 +139,8 @@ def _live_consumers(ns: Optional[dict[str, Any]], limit: int = 5) -> list[tuple[
             except Exception:
                 continue
         if total:
-            out.append((name, total, ", ".join(sorted(devices))))
-    out.sort(key=lambda x: -x[1])
+            out.append(Consumer(name, total, ", ".join(sorted(devices))))
+    out.sort(key=lambda c: -c.nbytes)
     return out[:limit]
 
 
@@ -250,7 +250,7 @@ def free_last_error(shell: Any = None) -> FreedReport:
         p = prev.get(d.id)
         if p is None:
             continue
-        devs.append((d.id, (p.torch_allocated or 0) - (d.torch_allocated or 0),
-                     (p.torch_reserved or 0) - (d.torch_reserved or 0)))
+        devs.append(FreedDevice(d.id, (p.torch_allocated or 0) - (d.torch_allocated or 0),
+                                (p.torch_reserved or 0) - (d.torch_reserved or 0)))
     return FreedReport(host=before.host.process_rss - after.host.process_rss, devices=tuple(devs),
                        cleared=tuple(cleared))

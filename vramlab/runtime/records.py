@@ -117,6 +117,7 @@ class Recorder:
             children_rss_delta=h1.children_rss - h0.children_rss,
             children_uss_start=h0.children_uss, children_uss_end=h1.children_uss,
             children_uss_delta=_sub(h1.children_uss, h0.children_uss),
+            uss_start=h0.process_uss, uss_end=h1.process_uss, uss_delta=_sub(h1.process_uss, h0.process_uss),
         )
         before = {d.id: d for d in s0.devices}
         devices = []

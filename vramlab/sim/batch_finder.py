@@ -162,6 +162,7 @@ class _Runner:
             fits = _attempt(lambda: (step_fn(batch), torch.cuda.synchronize(dev)))
             return fits, int(torch.cuda.max_memory_allocated(dev))
         gpu = self.virtual if not self.fresh else self._new()
+        assert gpu is not None  # without CUDA, the finder always has a virtual GPU
         entered = not gpu.active
         if entered:
             gpu.__enter__()

@@ -228,7 +228,8 @@ def _materialize(model: nn.Module) -> None:
     memo: dict[int, torch.Tensor] = {}
     keep: list[torch.Tensor] = []  # the originals, so that ids stay unique during the walk
     for m in model.modules():
-        for slots, is_param in ((m._parameters, True), (m._buffers, False)):
+        pairs: tuple[tuple[dict[str, Any], bool], ...] = ((m._parameters, True), (m._buffers, False))
+        for slots, is_param in pairs:
             for name, t in list(slots.items()):
                 if t is None:
                     continue
@@ -307,7 +308,7 @@ def _target(device: Any) -> _Target:
     try:
         cap = parse_size(device)
     except ValueError:
-        p = get_preset(device)  # ValueError listing the presets
+        p = get_preset(str(device))  # ValueError listing the presets
         return _Target(p.name, p.memory, p.context_overhead, True)
     if cap <= 0:
         raise ValueError(f"device capacity must be positive; got {device!r}")
@@ -446,7 +447,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                      "ZeRO-2, and this is not verified against DeepSpeed")
     # ZeRO's ranks hold different partitions: each is estimated. DDP's and FSDP's are alike.
     ranks = [rank] if rank is not None else (list(range(ws)) if isinstance(strat, (D.ZeRO1, D.ZeRO2)) else [0])
-    best: Optional[tuple[int, Any, Any]] = None
+    best: Optional[tuple[int, D.ShardLedger, Any, Any]] = None
     peaks: list[int] = []
     for r in ranks:
         acct = D.ShardLedger(None, round_blocks=rb, fake=True)

@@ -17,6 +17,7 @@ This module imports torch. All sizes are in bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
@@ -71,6 +72,11 @@ def storage_of(t: Any) -> Optional[torch.UntypedStorage]:
     except Exception:  # sparse, nested, wrapper subclasses without a storage
         return None
 
+
+
+def _free_when_collected(ledger: Any, key: int, _ref: Any) -> None:
+    """A storage was collected: free its record (a weakref callback; the ledger is kept alive by it)."""
+    ledger._free(key)
 
 class _Rec:
     __slots__ = ("raw", "counted", "cat", "ref", "saved")
@@ -193,7 +199,7 @@ class Ledger(TorchDispatchMode):
     def _add(self, st: torch.UntypedStorage, raw: int, counted: int, cat: str) -> None:
         key = id(st)
         rec = _Rec(raw, counted, cat)
-        rec.ref = weakref.ref(st, lambda _r, k=key, s=self: s._free(k))
+        rec.ref = weakref.ref(st, functools.partial(_free_when_collected, self, key))
         with self.lock:
             self.table[key] = rec
             self.allocated += counted
@@ -295,7 +301,7 @@ class Ledger(TorchDispatchMode):
             return
         need = (t.storage_offset() + numel) * t.element_size() if numel > 0 else 0
         if need > rec.raw:
-            self.check(self.size_of(need) - rec.counted)
+            self.check(self.size_of(int(need)) - rec.counted)
 
     def storage_resize(self, orig: Callable[..., Any], st: torch.UntypedStorage, size: int) -> Any:
         """``UntypedStorage.resize_`` while active: check, resize, update the books."""

@@ -362,7 +362,7 @@ class VirtualGPU:
                     return orig(st, size)
                 return acct.storage_resize(orig, st, size)
 
-            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
             self._hooks.install()
             acct.__enter__()
             self._active = True
