@@ -222,3 +222,24 @@ def test_a_restart_does_not_tell_monitors_the_sampler_stopped():
     finally:
         s.stop()
     assert wait_for(lambda: ended == [True])
+
+
+def test_a_sampler_is_a_context_manager_that_always_stops():
+    from vramlab.runtime.sampler import Sampler
+
+    s = Sampler()
+    with pytest.raises(KeyError), s as same:
+        assert same is s and s.running
+        raise KeyError("in the block")
+    assert not s.running and s.stopped_reason == "stopped"
+
+
+def test_an_interval_no_thread_can_wait_is_refused():
+    import threading
+
+    from vramlab.runtime.sampler import Sampler
+
+    s = Sampler()
+    with pytest.raises(ValueError, match="at most"):
+        s.start(threading.TIMEOUT_MAX * 2)
+    assert not s.running

@@ -56,7 +56,11 @@ def sample_from(snap: Any) -> Sample:
 
 
 class Sampler:
-    """The background sampler (use :func:`get_sampler` for the kernel's one)."""
+    """The background sampler (use :func:`get_sampler` for the kernel's one).
+
+    A context manager too: ``with Sampler() as s:`` starts it and stops it at the end of
+    the block, whatever happens in it.
+    """
 
     def __init__(self, read: Optional[Callable[[], Any]] = None, ring_size: int = RING_SIZE) -> None:
         if read is None:
@@ -92,6 +96,9 @@ class Sampler:
             if interval is not None:
                 if not (interval == interval) or interval < MIN_INTERVAL or interval == float("inf"):
                     raise ValueError(f"the interval must be at least {MIN_INTERVAL} s, got {interval!r}")
+                if interval > threading.TIMEOUT_MAX:
+                    raise ValueError(f"the interval must be at most {threading.TIMEOUT_MAX:.0f} s "
+                                     f"(the longest wait a thread can make), got {interval!r}")
                 self.interval = float(interval)
             old = self._thread if self.running else None
             self._stop.set()  # wake the old thread so the new interval applies now
@@ -116,6 +123,13 @@ class Sampler:
                 self.stopped_reason = reason
         if t is not None and t is not threading.current_thread() and t.is_alive():
             t.join(timeout=5)
+
+    def __enter__(self) -> "Sampler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def add_listener(self, fn: Callable[[Any, "Sampler"], None]) -> None:
         """Call ``fn(snapshot, sampler)`` on the sampler thread after each sample."""
