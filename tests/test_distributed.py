@@ -35,6 +35,12 @@ LAUNCHER = textwrap.dedent("""
     import vramlab.distributed as vd
     from vramlab.sim.virtual_gpu import VirtualGPU
 
+    def _no_pickle(*args, **kwargs):
+        raise AssertionError("report() must not pickle: an object collective was called")
+
+    for _name in ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list"):
+        setattr(dist, _name, _no_pickle)  # every rank: report() sends numbers only
+
     with VirtualGPU("1GiB"):  # the first tensor under a VirtualGPU imports much of torch: once, here
         torch.empty(1)
     print("threads before forking:", __import__("threading").active_count(), flush=True)
@@ -157,6 +163,7 @@ def _report(d: dict) -> DistributedReport:
     return DistributedReport(ranks=tuple(RankReport(**r) for r in d["ranks"]), backend=d["backend"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_rank_zero_gets_every_ranks_own_figures(jobs, world):
     found, stdout, pids = jobs[world]
@@ -192,6 +199,7 @@ def test_rank_zero_gets_every_ranks_own_figures(jobs, world):
     assert [row["peak"] for row in found[0]["everywhere"]["ranks"]] == [(r + 1) * MiB for r in range(world)]
 
 
+@pytest.mark.slow
 def test_reset_peaks_and_cpu_only_ranks(jobs):
     found, _, _ = jobs[2]
     after = found[0]["after_reset"]["ranks"]
@@ -346,22 +354,116 @@ def test_the_ranks_cuda_device(n, current, local_rank, initialised, initialise, 
 @pytest.mark.parametrize("backend, on_cuda", [
     ("nccl", True), ("cuda:nccl", True), ("gloo", False), ("cpu:gloo,cuda:nccl", False), ("mpi", False)])
 def test_nccl_gathers_on_the_ranks_own_gpu(monkeypatch, backend, on_cuda):
+    torch = pytest.importorskip("torch")
     from vramlab.distributed import _gather
 
     cuda = _FakeCuda(4, current=0)
-    seen = []
+    seen, moved = [], []
+
+    class Torch(_FakeTorch):  # real tensors, a fake torch.cuda; "moving to cuda:i" is recorded
+        tensor, int64, zeros_like = staticmethod(torch.tensor), torch.int64, staticmethod(torch.zeros_like)
+
+        @staticmethod
+        def device(kind, i):
+            moved.append((kind, i))
+            return torch.device("cpu")
 
     class Dist:
         def get_backend(self, group=None):
             return backend
 
-        def all_gather_object(self, out, obj, group=None):
+        def all_gather(self, out, t, group=None):
             seen.append(cuda.current)
-            out[:] = [obj] * len(out)
+            for o in out:
+                o.copy_(t)
 
     monkeypatch.setenv("LOCAL_RANK", "2")
-    rep = _rank(2)
-    assert _gather(_FakeTorch(cuda), Dist(), None, rep, 3) == [rep] * 3
+    rep = _rank(0)
+    assert _gather(Torch(cuda), Dist(), None, rep, 1) == [rep]
     assert seen == ([2] if on_cuda else [0])
     assert cuda.entered == ([2] if on_cuda else [])
+    assert moved == ([("cuda", 2)] if on_cuda else [])
     assert cuda.current == 0  # the script's current device is left as it was
+
+
+# --------------------------------------------------------------------------- the wire format
+
+
+def test_a_report_travels_as_numbers_and_comes_back_whole():
+    from vramlab.distributed import _WORDS, _decode, _encode
+
+    rep = _rank(3, device="cuda:1", device_name="NVIDIA H200 <x>", uuid="GPU-0a1b2c3d-1111-2222-3333-444455556666",
+                peak=2**40 + 3, allocated=0, reserved=None, local_rank=None, time=1733240000.25)
+    words = _encode(rep)
+    assert len(words) == _WORDS and all(isinstance(w, int) and -2**63 <= w < 2**63 for w in words)
+    assert _decode(words, 3, "f") == rep
+    long = _rank(0, hostname="é" * 200)  # 400 bytes of UTF-8: cut on a character boundary
+    back = _decode(_encode(long), 0, "f")
+    assert back.hostname == "é" * 128
+
+
+def _bad_words():
+    from vramlab.distributed import _encode
+
+    good = _encode(_rank(1))
+    cases = {"garbage": [7] * len(good), "zeros": [0] * len(good), "short": good[:-1]}
+    for i, why in ((1, "fields"), (2, "says it is rank")):  # field count; a rank that says it is another
+        w = list(good)
+        w[i] += 1
+        cases[why] = w
+    w = list(good)
+    w[2 + 3] = -5  # peak
+    cases["negative peak"] = w
+    w = list(good)
+    w[-1] = 1  # a byte after the end of the last text field
+    cases["trailing bytes"] = w
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_bad_words()))
+def test_what_is_not_a_report_is_one_clear_error(case):
+    from vramlab.distributed import RanksOutOfStep, _decode
+
+    with pytest.raises(RanksOutOfStep) as e:
+        _decode(_bad_words()[case], 1, "vramlab.distributed.report()")
+    msg = str(e.value)
+    assert isinstance(e.value, RuntimeError)
+    assert "\n" not in msg
+    assert msg.startswith("vramlab.distributed.report(): what rank 1 sent is not a report")
+    assert "the ranks are out of step" in msg
+
+
+# A rank out of step: rank 0 is in report() while rank 1 is in another all_gather of the same
+# shape (int64 words of garbage, then of zeros). Started by run_ranks (spawned gloo ranks).
+def _out_of_step_rank(job):
+    import torch
+    import torch.distributed as dist
+
+    import vramlab.distributed as vd
+
+    found = []
+    for fill in job:
+        if dist.get_rank() == 0:
+            try:
+                vd.report(print_table=False)
+                found.append(None)
+            except Exception as e:  # noqa: BLE001 (the test reads which)
+                found.append((type(e).__name__, isinstance(e, RuntimeError), str(e)))
+        else:
+            out = [torch.zeros(vd._WORDS, dtype=torch.int64) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, torch.full((vd._WORDS,), fill, dtype=torch.int64))
+            found.append(None)
+    return found
+
+
+@pytest.mark.slow
+def test_a_rank_out_of_step_makes_rank_zero_raise_one_clear_error():
+    pytest.importorskip("torch")
+    from vramlab.sim.distributed import run_ranks
+
+    zero, one = run_ranks(_out_of_step_rank, [0x0123456789ABCDEF, 0], world_size=2, timeout=120)
+    assert one == [None, None]
+    for name, is_runtime_error, msg in zero:
+        assert (name, is_runtime_error) == ("RanksOutOfStep", True)
+        assert "what rank 1 sent is not a report" in msg and "the ranks are out of step" in msg
+        assert "\n" not in msg

@@ -12,8 +12,8 @@ a step::
             vramlab.distributed.report()          # rank 0 prints the table
             vramlab.distributed.reset_peaks()     # every rank: peaks restart from here
 
-:func:`report` is a collective (it calls ``torch.distributed.all_gather_object``): a rank
-that does not call it makes the others wait until the process group's timeout. On rank 0
+:func:`report` is a collective (it calls ``torch.distributed.all_gather``): a rank that does
+not call it makes the others wait until the process group's timeout. On rank 0
 of the group it prints one fixed-width table and returns a :class:`DistributedReport`; the
 other ranks return ``None`` (or, with ``all_ranks=True``, the same report, which every rank
 receives anyway).
@@ -28,8 +28,17 @@ Each rank reports, in bytes (``None`` where not known):
   reports ``"cpu"``.
 - **host**: the process's RSS and peak RSS (``VmHWM`` on Linux) from :func:`vramlab.snapshot`.
 
-The figures are read before the gather, so the gather's own small buffers (a few KiB per
+The figures are read before the gather, so the gather's own small buffers (under 1 KiB per
 rank) are not in them; they can show up in a later peak.
+
+What travels is numbers only, never a pickle: each rank sends one fixed-size int64 vector
+(a header word naming this format and its version, the count of fields, the numeric fields
+with a sentinel for "not known", then the host name, device, device name and UUID as
+length-prefixed UTF-8 in fixed-size slots, longer ones cut). What arrives is checked (header,
+field count, the sender's rank, sane sizes and text); a rank that is out of step (it is in
+another collective of the same size while this one is in :func:`report`) raises
+:class:`RanksOutOfStep` on the ranks that received its data. An out-of-step peer whose
+collective has another size may instead make the backend fail or wait until its timeout.
 
 With the NCCL backend the gather's tensors go through the GPU, on
 ``torch.cuda.current_device()`` (torch's documented rule: the script should have called
@@ -51,6 +60,7 @@ import contextlib
 import html
 import os
 import socket
+import struct
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, TextIO
@@ -61,7 +71,7 @@ from .probes.torch_alloc import reset_peaks as _reset_torch_peaks
 from .reconcile import reset_provider_peaks, snapshot
 from .units import format_bytes
 
-__all__ = ["RankReport", "DistributedReport", "report", "reset_peaks"]
+__all__ = ["RankReport", "DistributedReport", "RanksOutOfStep", "report", "reset_peaks"]
 
 
 @dataclass(frozen=True)
@@ -300,6 +310,7 @@ def _read_rank(torch: Any, rank: int) -> RankReport:
 def _dist(feature: str) -> tuple[Any, Any]:
     """torch and torch.distributed, with an initialised default process group; else one clear error."""
     torch = require_torch(feature)
+    dist: Any
     try:
         import torch.distributed as dist
     except ImportError:
@@ -313,9 +324,101 @@ def _dist(feature: str) -> tuple[Any, Any]:
     return torch, dist
 
 
-def _object_collectives_use_cuda(dist: Any, group: Any) -> bool:
-    """Whether ``all_gather_object`` on ``group`` moves its tensors to CUDA: torch's rule is a
-    group whose only backend is NCCL (``"cpu:gloo,cuda:nccl"`` gathers objects on the CPU)."""
+class RanksOutOfStep(RuntimeError):
+    """What a rank received in :func:`report` is not another rank's report: the ranks of the
+    group are out of step (one of them is not in ``report()``, or runs another vramlab)."""
+
+
+# The wire format: one int64 vector per rank. Word 0 is the header (magic and version), word 1
+# the count of numeric fields, then the numeric fields (``_NONE`` where not known), then the
+# text fields, each a length word and a fixed slot of bytes.
+_MAGIC = 0x76726D6C6162  # "vramlab"
+_VERSION = 1
+_HEADER = (_MAGIC << 8) | _VERSION
+_NONE = -(2**63)
+_NUMERIC = ("rank", "local_rank", "pid", "peak", "allocated", "reserved", "host_rss", "host_peak", "time")
+# ``time`` (seconds, a float) travels as the 64 bits of its IEEE double
+_TEXT = (("hostname", 256), ("device", 32), ("device_name", 128), ("uuid", 64))  # (field, bytes)
+_WORDS = 2 + len(_NUMERIC) + sum(1 + n // 8 for _, n in _TEXT)
+_MAX_SIZE = 2**62  # bytes: no rank holds more; above it, a figure is not a size
+
+
+def _cut(text: str, limit: int) -> bytes:
+    """``text`` as UTF-8 in at most ``limit`` bytes, cut on a character boundary."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return raw
+    return raw[:limit].decode("utf-8", "ignore").encode("utf-8")
+
+
+def _encode(rep: RankReport) -> list[int]:
+    """``rep`` as the :data:`_WORDS` int64 words of the wire format (sizes in bytes)."""
+    values = dict(asdict(rep), time=struct.unpack("<q", struct.pack("<d", float(rep.time)))[0])
+    words = [_HEADER, len(_NUMERIC)]
+    words += [_NONE if values[f] is None else int(values[f]) for f in _NUMERIC]
+    for f, n in _TEXT:
+        v = values[f]
+        raw = b"" if v is None else _cut(str(v), n)
+        words.append(-1 if v is None else len(raw))
+        words += list(struct.unpack(f"<{n // 8}q", raw.ljust(n, b"\0")))
+    assert len(words) == _WORDS
+    return words
+
+
+def _decode(words: list[int], expected_rank: int, feature: str) -> RankReport:
+    """A peer's words back into its :class:`RankReport`; :class:`RanksOutOfStep` when they are not one."""
+    def bad(why: str) -> RanksOutOfStep:
+        return RanksOutOfStep(
+            f"{feature}: what rank {expected_rank} sent is not a report ({why}): the ranks are out of step; "
+            "call report() on every rank of the group at the same point, with the same vramlab")
+
+    if len(words) != _WORDS:
+        raise bad(f"{len(words)} words, not {_WORDS}")
+    if words[0] != _HEADER:
+        raise bad(f"header {words[0]:#x}, not {_HEADER:#x}")
+    if words[1] != len(_NUMERIC):
+        raise bad(f"{words[1]} fields, not {len(_NUMERIC)}")
+    nums = dict(zip(_NUMERIC, (None if w == _NONE else w for w in words[2:2 + len(_NUMERIC)])))
+    if nums["rank"] != expected_rank:
+        raise bad(f"it says it is rank {nums['rank']}")
+    when = None if nums["time"] is None else struct.unpack("<d", struct.pack("<q", nums["time"]))[0]
+    if nums["pid"] is None or nums["pid"] <= 0 or when is None or not 0 <= when < 2**40:
+        raise bad("no process id or time")
+    if nums["local_rank"] is not None and nums["local_rank"] < 0:
+        raise bad(f"local rank {nums['local_rank']}")
+    for f in ("peak", "allocated", "reserved", "host_rss", "host_peak"):
+        size = nums[f]
+        if size is not None and not 0 <= size < _MAX_SIZE:
+            raise bad(f"{f} of {size} bytes")
+    texts: dict[str, Optional[str]] = {}
+    i = 2 + len(_NUMERIC)
+    for f, n in _TEXT:
+        length, slot = words[i], words[i + 1:i + 1 + n // 8]
+        i += 1 + n // 8
+        if not -1 <= length <= n:
+            raise bad(f"{f} of {length} bytes")
+        raw = struct.pack(f"<{n // 8}q", *slot)
+        if any(raw[max(length, 0):]):
+            raise bad(f"bytes after the end of {f}")
+        if length == -1:
+            texts[f] = None
+            continue
+        try:
+            texts[f] = raw[:length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad(f"{f} is not UTF-8") from None
+    if texts["hostname"] is None or texts["device"] is None:
+        raise bad("no host name or device")
+    return RankReport(rank=expected_rank, local_rank=nums["local_rank"], hostname=texts["hostname"],
+                      pid=nums["pid"], device=texts["device"], device_name=texts["device_name"],
+                      uuid=texts["uuid"], peak=nums["peak"], allocated=nums["allocated"],
+                      reserved=nums["reserved"], host_rss=nums["host_rss"], host_peak=nums["host_peak"],
+                      time=when)
+
+
+def _collectives_use_cuda(dist: Any, group: Any) -> bool:
+    """Whether a collective on ``group`` needs CUDA tensors: torch's rule is a group whose only
+    backend is NCCL (``"cpu:gloo,cuda:nccl"`` takes CPU tensors to gloo)."""
     try:
         backend = str(dist.get_backend(group)).lower()
     except Exception:
@@ -323,16 +426,32 @@ def _object_collectives_use_cuda(dist: Any, group: Any) -> bool:
     return "nccl" in backend and "cpu" not in backend and "gloo" not in backend
 
 
-def _gather(torch: Any, dist: Any, group: Any, obj: RankReport, size: int) -> list[Any]:
-    out: list[Any] = [None] * size
+def _global_ranks(dist: Any, group: Any, size: int) -> list[int]:
+    """The global rank of each rank of ``group``, in group-rank order."""
+    if group is None:
+        return list(range(size))
+    try:
+        return [int(dist.get_global_rank(group, i)) for i in range(size)]
+    except Exception:
+        return list(range(size))
+
+
+def _gather(torch: Any, dist: Any, group: Any, mine: RankReport, size: int,
+            feature: str = "vramlab.distributed.report()") -> list[RankReport]:
+    """Every rank's report, in group-rank order: one int64 vector each through ``dist.all_gather``
+    (on this rank's GPU when the group needs CUDA tensors), checked as it is decoded."""
+    t = torch.tensor(_encode(mine), dtype=torch.int64)
     guard: Any = contextlib.nullcontext()
-    if _object_collectives_use_cuda(dist, group):
+    if _collectives_use_cuda(dist, group):
         idx = _cuda_index(torch, _local_rank(), initialise=True)
         if idx is not None:
             guard = torch.cuda.device(idx)
+            t = t.to(torch.device("cuda", idx))
     with guard:
-        dist.all_gather_object(out, obj, group=group)
-    return out
+        out = [torch.zeros_like(t) for _ in range(size)]
+        dist.all_gather(out, t, group=group)
+    return [_decode([int(w) for w in o.cpu().tolist()], r, feature)
+            for o, r in zip(out, _global_ranks(dist, group, size))]
 
 
 def report(group: Any = None, *, print_table: bool = True, all_ranks: bool = False,
@@ -356,6 +475,8 @@ def report(group: Any = None, *, print_table: bool = True, all_ranks: bool = Fal
     Raises:
         MissingExtra: torch is not installed.
         RuntimeError: torch.distributed is unavailable or its process group is not initialised.
+        RanksOutOfStep: what a rank sent is not a report (the ranks are out of step; a
+            ``RuntimeError``).
     """
     feature = "vramlab.distributed.report()"
     torch, dist = _dist(feature)
@@ -364,7 +485,7 @@ def report(group: Any = None, *, print_table: bool = True, all_ranks: bool = Fal
         return None
     size = dist.get_world_size(group)
     mine = _read_rank(torch, dist.get_rank())
-    gathered = _gather(torch, dist, group, mine, size)
+    gathered = _gather(torch, dist, group, mine, size, feature)
     try:
         backend = str(dist.get_backend(group))
     except Exception:

@@ -21,6 +21,7 @@ def two_ranks():
     return communication_per_step_many(SMALL, world_size=2, batch_size=4)
 
 
+@pytest.mark.slow
 def test_every_rank_reports_and_the_ranks_agree(two_ranks):
     assert set(two_ranks) == set(STRATEGIES)
     for strategy, counts in two_ranks.items():
@@ -28,6 +29,7 @@ def test_every_rank_reports_and_the_ranks_agree(two_ranks):
         assert counts[0].payload == counts[1].payload, strategy  # data parallel: the same collectives on each rank
 
 
+@pytest.mark.slow
 def test_ddp_all_reduces_every_gradient_once(two_ranks):
     c = two_ranks["ddp"][0]
     p = c.parameter_bytes
@@ -35,11 +37,13 @@ def test_ddp_all_reduces_every_gradient_once(two_ranks):
     assert c.payload == {"all_reduce": p}  # the buckets hold every gradient, once
 
 
+@pytest.mark.slow
 def test_zero1_adds_a_broadcast_of_the_updated_parameters(two_ranks):
     c = two_ranks["zero1"][0]
     assert c.payload == {"all_reduce": c.parameter_bytes, "broadcast": c.parameter_bytes}
 
 
+@pytest.mark.slow
 def test_fsdp_gathers_the_parameters_twice_and_reduce_scatters_the_gradients(two_ranks):
     c = two_ranks["fsdp"][0]
     p = c.parameter_bytes
@@ -71,6 +75,7 @@ def test_bad_arguments_say_what_is_wrong():
         communication_per_step(SMALL, strategy="ddp", world_size=1, batch_size=4)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_reported_with_its_traceback():
     with pytest.raises(RuntimeError, match="a rank failed"):
         communication_per_step(functools.partial(make_mlp, inputs=-1), strategy="ddp", world_size=2, batch_size=4,

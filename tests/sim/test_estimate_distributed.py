@@ -73,12 +73,14 @@ def _check(e, readings) -> None:  # type: ignore[no-untyped-def]
     assert sum(e.breakdown.values()) == e.peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", CASES)
 @pytest.mark.parametrize("strategy", ("ddp", "zero1", "fsdp"))
 def test_per_rank_peak_within_3_percent_of_two_real_gloo_ranks(measured2, model, strategy) -> None:
     _check(_estimate(model, strategy, 2), measured2[(model, strategy)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", CASES)
 def test_zero2_model_matches_its_own_real_run_on_two_ranks(measured2, model) -> None:
     """zero2 is vramlab's model (torch has none): this checks the estimate of that model
@@ -95,6 +97,7 @@ def test_per_rank_peak_within_3_percent_of_four_real_gloo_ranks(measured4, model
     _check(_estimate(model, strategy, 4), measured4[(model, strategy)])
 
 
+@pytest.mark.slow
 def test_measured_ranks_show_what_each_strategy_shards(measured2) -> None:
     """On real ranks: DDP's are alike; ZeRO-1 shards optimizer state, so it is below DDP;
     FSDP shards parameters too, so it is below ZeRO-1 on the MLP (no activations to speak of)."""
@@ -199,6 +202,7 @@ def _failing_factory():  # type: ignore[no-untyped-def]
     raise ValueError("this factory fails on purpose")
 
 
+@pytest.mark.slow
 def test_a_failing_rank_raises_with_its_traceback() -> None:
     with pytest.raises(RuntimeError, match="fails on purpose"):
         measure_distributed(_failing_factory, world_size=2, strategy="ddp", batch_size=2, timeout=60)

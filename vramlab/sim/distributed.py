@@ -37,7 +37,13 @@ torch.distributed's gloo backend, each rank under a :class:`~vramlab.VirtualGPU`
 each rank's measured peak. What the VirtualGPU sees: every storage the rank's Python thread
 creates (DDP's C++ reducer allocates its buckets on that thread and they are counted);
 gloo's own temporaries, made on its worker threads inside a collective, are not counted
-(on a GPU, NCCL's buffers lie outside PyTorch's allocator too). It is the CPU's gloo: NCCL
+(on a GPU, NCCL's buffers lie outside PyTorch's allocator too). gloo's worker thread can also hold a tensor
+for a moment after its collective is done, so that its bytes would leave the books at a time
+set by thread scheduling (measured once: a ZeRO-1 rank 12% above the estimate on a loaded
+machine); the real ranks therefore never hand gloo a tensor whose bytes are freed during the
+step: DDP's parameters and buffers are broadcast in place instead of through flat copies, its
+first buckets are kept (fake and real ranks alike), FSDP2's all-gathers and reduce-scatters go
+through uncounted copies, and ZeRO-2 resizes the gradients it drops to zero. It is the CPU's gloo: NCCL
 and CUDA streams (where FSDP2 overlaps communication and may hold more buffers at once) are
 not measured here.
 
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 import signal
 import tempfile
@@ -63,7 +70,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass  # noqa: E402
+from torch.nn.parallel.distributed import _BufferCommHookLocation  # noqa: E402
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (  # noqa: E402
+    DefaultAllGather, DefaultReduceScatter)
+from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass  # noqa: E402
 
 from .ledger import Ledger, LedgerHooks, _alias_flags, storage_of  # noqa: E402
 
@@ -180,14 +190,14 @@ class ShardLedger(Ledger):
                     if isinstance(t, torch.Tensor) and self.counts(t):
                         st = storage_of(t)
                         rec = self.table.get(id(st)) if st is not None else None
-                        if rec is not None and rec.raw != st.nbytes():
+                        if st is not None and rec is not None and rec.raw != st.nbytes():
                             self._regrow(st, rec)
                 return
         super()._account(func, outs, single)
 
     def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
         if is_traceable_wrapper_subclass(t):
-            names, _ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+            names, _ctx = t.__tensor_flatten__()
             for n in names:
                 inner = getattr(t, n)
                 if isinstance(inner, torch.Tensor):
@@ -211,7 +221,7 @@ def counted_storage_resize(acct: Ledger) -> Iterator[None]:
             return orig(st, size)
         return acct.storage_resize(orig, st, size)
 
-    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
@@ -291,6 +301,7 @@ def _zero2_hooks(model: nn.Module, opt: Any, rank: int) -> list[Any]:
 
     def reduce_to_owner(p: torch.Tensor) -> None:
         dst = owner[id(p)]
+        assert p.grad is not None  # a post-accumulate-grad hook runs once the gradient exists
         dist.reduce(p.grad, dst=dst)
         if dst != rank:  # this rank keeps only its partition's gradients
             g, p.grad = p.grad, None
@@ -299,6 +310,37 @@ def _zero2_hooks(model: nn.Module, opt: Any, rank: int) -> list[Any]:
             g.untyped_storage().resize_(0)
 
     return [p.register_post_accumulate_grad_hook(reduce_to_owner) for p in model.parameters() if p.requires_grad]
+
+
+class _StagedAllGather(DefaultAllGather):
+    """FSDP2's default all-gather (same ``allocate``), except that gloo reads and writes
+    uncounted copies and the result is copied into FSDP's output once the collective is done:
+    gloo's worker thread may hold its tensors for a moment after it finishes, and FSDP's
+    own buffers must leave the books when FSDP drops them."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Any:
+        with _disable_current_modes():  # no ledger sees the copies or the collective
+            out, inp = torch.empty_like(output_tensor), input_tensor.detach().clone()
+            work = dist.all_gather_single(out, inp, group=group, async_op=True)
+            work.wait()
+        with torch.no_grad():
+            output_tensor.copy_(out)
+        return work if async_op else None  # FSDP frees its result differently after an async all-gather
+
+
+class _StagedReduceScatter(DefaultReduceScatter):
+    """FSDP2's default reduce-scatter through uncounted copies, as :class:`_StagedAllGather`."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> Any:
+        with _disable_current_modes():
+            out, inp = torch.empty_like(output_tensor), input_tensor.detach().clone()
+            work = dist.reduce_scatter_single(output=out, input=inp, group=group, op=op, async_op=True)
+            work.wait()
+        with torch.no_grad():
+            output_tensor.copy_(out)
+        return work if async_op else None
 
 
 def device_mesh(strategy: Strategy) -> Any:
@@ -341,6 +383,13 @@ def prepare(strategy: Strategy, build_model: Callable[[], nn.Module], dtype: Opt
             fully_shard(u, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
         model.to_empty(device="cpu")
+        if not isinstance(_local(next(iter(model.parameters()))), FakeTensor):
+            # real ranks: gloo gets uncounted copies (module docs), so a finished collective's
+            # buffers leave the books when FSDP drops them, not when gloo's thread lets go
+            for m in [*units, model]:
+                fsdp: Any = m  # an FSDPModule since fully_shard
+                fsdp.set_custom_all_gather(_StagedAllGather())
+                fsdp.set_custom_reduce_scatter(_StagedReduceScatter())
         kit.init_parameters(model)
         opt = kit.make_optimizer(optimizer, model, cuda_like)
         _classify_sharded(acct, model, None)
@@ -355,7 +404,7 @@ def prepare(strategy: Strategy, build_model: Callable[[], nn.Module], dtype: Opt
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         cls, kw = optimizer_class(optimizer, kit.optimizers)
-        if cuda_like and "foreach" in cls.__init__.__code__.co_varnames:
+        if cuda_like and "foreach" in inspect.signature(cls).parameters:
             kw["foreach"] = True
         params = [p for p in model.parameters() if p.requires_grad]
         pab = getattr(strategy, "parameters_as_bucket_view", False)
@@ -365,25 +414,48 @@ def prepare(strategy: Strategy, build_model: Callable[[], nn.Module], dtype: Opt
     if isinstance(strategy, (DDP, ZeRO1)):
         from torch.nn.parallel import DistributedDataParallel
 
-        # On fake tensors DDP's start-up check and broadcast cannot read data: skipped. For real
-        # ranks they run (their flat broadcast buffers are freed before the first step).
+        # DDP's own start-up sync broadcasts one flat copy of the parameters and its forward one
+        # flat copy of the buffers, and its bucket rebuild (second step) frees the old buckets:
+        # on real ranks gloo's worker thread may hold such a tensor after the collective is done,
+        # so when its bytes leave the books would depend on thread scheduling (measured: a rank
+        # 574,404 bytes above the estimate under load). Instead, on real and fake ranks alike:
+        # the parameters and buffers are broadcast in place, one tensor at a time (no copy), and
+        # the first buckets are kept (the same parameters, so the same bytes).
         fake = isinstance(next(iter(model.parameters()), None), FakeTensor)
+        if not fake:
+            _broadcast_in_place(list(model.parameters()) + list(model.buffers()))
         model = DistributedDataParallel(model, bucket_cap_mb=strategy.bucket_cap_mb,
                                         gradient_as_bucket_view=strategy.gradient_as_bucket_view,
-                                        init_sync=not fake)
+                                        init_sync=False)
+        model._register_buffer_comm_hook(fake, _broadcast_buffers_hook, _BufferCommHookLocation.PRE_FORWARD)
         if fake:  # the fake group's futures carry no tensor: complete each bucket in place, as allreduce does
             model.register_comm_hook(None, _fake_allreduce_hook)
-            model.reducer = _KeepBuckets(model.reducer)
+        model.reducer = _KeepBuckets(model.reducer)  # type: ignore[assignment]
     if opt is None:
         opt = kit.make_optimizer(optimizer, model, cuda_like)
     return model, opt, extra
+
+
+def _broadcast_in_place(tensors: list[torch.Tensor], src: int = 0) -> None:
+    """Broadcast each tensor from ``src`` into itself (no flat copy: nothing new for gloo to hold)."""
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t.detach(), src=src)
+
+
+def _broadcast_buffers_hook(fake: bool, named_buffers: dict[str, torch.Tensor]) -> None:
+    """DDP's buffer sync before each forward (rank 0's buffers win, as by default), one buffer
+    at a time in place; on the fake group nothing moves, so nothing is sent."""
+    if not fake:
+        _broadcast_in_place(list(named_buffers.values()))
 
 
 class _KeepBuckets:
     """DDP's reducer, except that it keeps its first buckets. After the first backward a real
     reducer rebuilds them in the order gradients became ready (the same parameters, so the
     same bytes; the old buckets are freed first), syncing the new order across ranks with a
-    tensor whose data a fake tensor does not have."""
+    tensor whose data a fake tensor does not have, and which (like the old buckets) gloo's
+    worker thread may still hold for a moment on real ranks."""
 
     def __init__(self, reducer: Any) -> None:
         object.__setattr__(self, "_reducer", reducer)
