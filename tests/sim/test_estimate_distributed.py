@@ -211,3 +211,29 @@ def test_a_failing_rank_raises_with_its_traceback() -> None:
 def test_measure_distributed_many_refuses_a_malformed_run() -> None:
     with pytest.raises(ValueError, match="needs factory, strategy and batch_size"):
         measure_distributed_many([dict(strategy="ddp")], world_size=2)
+
+
+# a deep model whose states outweigh its step: at 8 ranks the sharded states are small, and a
+# full unsharded copy of the model counted anywhere (the model built on the meta device inside
+# the ledger was one) sets the peak, on every rank under FSDP and on ZeRO-2's lighter ranks
+BIG = (functools.partial(models.make_mlp, width=1024, depth=16), 2)
+
+
+@pytest.fixture(scope="module")
+def measured8() -> dict[str, list]:
+    strategies = ("zero2", "fsdp")
+    res = measure_distributed_many([dict(factory=BIG[0], strategy=s, batch_size=BIG[1], optimizer="adam")
+                                    for s in strategies], world_size=8, timeout=600)
+    return dict(zip(strategies, res))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ("zero2", "fsdp"))
+def test_at_eight_ranks_a_large_model_is_estimated_as_measured(measured8, strategy) -> None:
+    build, make_batch, loss_fn = BIG[0]()
+    e = estimate(build, make_batch, batch_size=BIG[1], optimizer="adam", loss_fn=loss_fn, world_size=8,
+                 strategy=strategy)
+    _check(e, measured8[strategy])
+    if strategy == "fsdp":  # everything sharded: below one unsharded fp32 copy of the model
+        assert e.peak < 4 * sum(p.numel() for p in build().parameters())
+    assert e.breakdown["other"] < e.peak / 2  # the model's bytes are in their categories

@@ -168,10 +168,14 @@ class Ledger(TorchDispatchMode):
         return raw
 
     def counts(self, t: Any) -> bool:
-        """Whether this tensor is one this ledger accounts (real vs fake, device)."""
+        """Whether this tensor is one this ledger accounts (real vs fake, device).
+
+        A tensor on the meta device holds no memory anywhere and is never counted: a model
+        built on ``torch.device("meta")`` while the ledger is active (FSDP's and DDP's ranks
+        are set up inside it) costs nothing until it is materialised."""
         is_fake = self._fake_cls is not None and isinstance(t, self._fake_cls)
         if self.fake:
-            return is_fake
+            return is_fake and t.device.type != "meta"
         return not is_fake and t.device.type == "cpu"
 
     def _bump_peak(self) -> None:
