@@ -40,3 +40,32 @@ def test_forward_without_backward_releases_activations():
         del out
     gc.collect()
     assert gpu.allocated == base
+
+
+def test_what_a_block_allocates_is_counted_in_its_category():
+    from vramlab.sim.ledger import Ledger
+
+    acct = Ledger(None)
+    with acct:
+        with acct.category("gradients"):
+            kept = torch.empty(1 << 16)
+        other = torch.empty(1 << 10)
+    assert acct.cats["gradients"] == kept.untyped_storage().nbytes()
+    assert acct.cats["other"] == other.untyped_storage().nbytes()
+    assert acct.allocating_as is None
+    with pytest.raises(ValueError, match="unknown category"):
+        with acct.category("weights"):
+            pass
+
+
+def test_nothing_on_the_meta_device_is_counted():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vramlab.sim.ledger import Ledger
+
+    acct = Ledger(None, fake=True)
+    with FakeTensorMode(), acct:
+        on_meta = torch.empty(1 << 20, device="meta")
+        on_cpu = torch.empty(1 << 10)
+    assert acct.peak == on_cpu.untyped_storage().nbytes()
+    del on_meta

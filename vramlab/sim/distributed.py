@@ -312,14 +312,25 @@ def _zero2_hooks(model: nn.Module, opt: Any, rank: int) -> list[Any]:
     return [p.register_post_accumulate_grad_hook(reduce_to_owner) for p in model.parameters() if p.requires_grad]
 
 
-class _StagedAllGather(DefaultAllGather):
-    """FSDP2's default all-gather (same ``allocate``), except that gloo reads and writes
-    uncounted copies and the result is copied into FSDP's output once the collective is done:
-    gloo's worker thread may hold its tensors for a moment after it finishes, and FSDP's
-    own buffers must leave the books when FSDP drops them."""
+class _CountedAllGather(DefaultAllGather):
+    """FSDP2's default all-gather, whose output buffer (the unsharded parameters) the ledger
+    counts as parameters. ``staged`` (real ranks): gloo reads and writes uncounted copies and
+    the result is copied into FSDP's output once the collective is done, because gloo's worker
+    thread may hold its tensors for a moment after it finishes, and FSDP's own buffers must
+    leave the books when FSDP drops them."""
+
+    def __init__(self, acct: Ledger, staged: bool) -> None:
+        super().__init__()
+        self.acct, self.staged = acct, staged
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        with self.acct.category("parameters"):
+            return super().allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                  async_op: bool = False) -> Any:
+        if not self.staged:
+            return super().__call__(output_tensor, input_tensor, group, async_op)
         with _disable_current_modes():  # no ledger sees the copies or the collective
             out, inp = torch.empty_like(output_tensor), input_tensor.detach().clone()
             work = dist.all_gather_single(out, inp, group=group, async_op=True)
@@ -329,11 +340,22 @@ class _StagedAllGather(DefaultAllGather):
         return work if async_op else None  # FSDP frees its result differently after an async all-gather
 
 
-class _StagedReduceScatter(DefaultReduceScatter):
-    """FSDP2's default reduce-scatter through uncounted copies, as :class:`_StagedAllGather`."""
+class _CountedReduceScatter(DefaultReduceScatter):
+    """FSDP2's default reduce-scatter, whose input buffer (the unsharded gradients) the ledger
+    counts as gradients; ``staged`` as in :class:`_CountedAllGather`."""
+
+    def __init__(self, acct: Ledger, staged: bool) -> None:
+        super().__init__()
+        self.acct, self.staged = acct, staged
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        with self.acct.category("gradients"):
+            return super().allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
                  async_op: bool = False) -> Any:
+        if not self.staged:
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
         with _disable_current_modes():
             out, inp = torch.empty_like(output_tensor), input_tensor.detach().clone()
             work = dist.reduce_scatter_single(output=out, input=inp, group=group, op=op, async_op=True)
@@ -383,13 +405,14 @@ def prepare(strategy: Strategy, build_model: Callable[[], nn.Module], dtype: Opt
             fully_shard(u, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=strategy.reshard_after_forward)
         model.to_empty(device="cpu")
-        if not isinstance(_local(next(iter(model.parameters()))), FakeTensor):
-            # real ranks: gloo gets uncounted copies (module docs), so a finished collective's
-            # buffers leave the books when FSDP drops them, not when gloo's thread lets go
-            for m in [*units, model]:
-                fsdp: Any = m  # an FSDPModule since fully_shard
-                fsdp.set_custom_all_gather(_StagedAllGather())
-                fsdp.set_custom_reduce_scatter(_StagedReduceScatter())
+        # the gathered parameters and the gradients to reduce are counted as what they are; on
+        # real ranks gloo gets uncounted copies (module docs), so a finished collective's buffers
+        # leave the books when FSDP drops them, not when gloo's thread lets go
+        staged = not isinstance(_local(next(iter(model.parameters()))), FakeTensor)
+        for m in [*units, model]:
+            fsdp: Any = m  # an FSDPModule since fully_shard
+            fsdp.set_custom_all_gather(_CountedAllGather(acct, staged))
+            fsdp.set_custom_reduce_scatter(_CountedReduceScatter(acct, staged))
         kit.init_parameters(model)
         opt = kit.make_optimizer(optimizer, model, cuda_like)
         _classify_sharded(acct, model, None)
@@ -424,9 +447,10 @@ def prepare(strategy: Strategy, build_model: Callable[[], nn.Module], dtype: Opt
         fake = isinstance(next(iter(model.parameters()), None), FakeTensor)
         if not fake:
             _broadcast_in_place(list(model.parameters()) + list(model.buffers()))
-        model = DistributedDataParallel(model, bucket_cap_mb=strategy.bucket_cap_mb,
-                                        gradient_as_bucket_view=strategy.gradient_as_bucket_view,
-                                        init_sync=False)
+        with acct.category("gradients"):  # its buckets: one flat copy of the gradients
+            model = DistributedDataParallel(model, bucket_cap_mb=strategy.bucket_cap_mb,
+                                            gradient_as_bucket_view=strategy.gradient_as_bucket_view,
+                                            init_sync=False)
         model._register_buffer_comm_hook(fake, _broadcast_buffers_hook, _BufferCommHookLocation.PRE_FORWARD)
         if fake:  # the fake group's futures carry no tensor: complete each bucket in place, as allreduce does
             model.register_comm_hook(None, _fake_allreduce_hook)

@@ -17,11 +17,12 @@ This module imports torch. All sizes are in bytes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .._extras import require_torch
 
@@ -145,6 +146,7 @@ class Ledger(TorchDispatchMode):
         self.table: dict[int, _Rec] = {}
         self.lock = threading.RLock()
         self.in_optimizer = 0
+        self.allocating_as: Optional[str] = None  # the category of what is allocated now (see category())
         self.thread: Optional[int] = None
         self._fake_cls: Any = None
         if fake:
@@ -243,6 +245,19 @@ class Ledger(TorchDispatchMode):
             self._add(st, raw, counted, cat)
         self._bump_peak()
         return pending
+
+    @contextlib.contextmanager
+    def category(self, cat: str) -> Iterator[None]:
+        """New storages made in the block are counted as ``cat`` (one of :data:`CATEGORIES`), not
+        "other": what a wrapper allocates for the model's states, e.g. DDP's gradient buckets or
+        FSDP's all-gather buffers (the unsharded parameters)."""
+        if cat not in CATEGORIES:
+            raise ValueError(f"unknown category {cat!r}; one of {', '.join(CATEGORIES)}")
+        before, self.allocating_as = self.allocating_as, cat
+        try:
+            yield
+        finally:
+            self.allocating_as = before
 
     def classify(self, t: Any, cat: str, *, force: bool = False) -> None:
         """Move a tracked tensor's storage to ``cat``. Without ``force``, parameters, buffers,
@@ -345,7 +360,7 @@ class Ledger(TorchDispatchMode):
                     if isinstance(t, torch.Tensor):
                         self._one(t, alias and not fresh, new)
         if new:
-            self.admit(new, "optimizer_state" if self.in_optimizer else "other")
+            self.admit(new, "optimizer_state" if self.in_optimizer else (self.allocating_as or "other"))
 
     def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
         if not self.counts(t):
