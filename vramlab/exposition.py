@@ -47,7 +47,7 @@ import tempfile
 from typing import Any, Iterator, Mapping, Optional
 
 from ._extras import require_prometheus_client
-from .model import Snapshot
+from .model import Snapshot, _umask
 
 __all__ = ["SnapshotCollector", "exposition_text", "write_textfile", "check_labels"]
 
@@ -186,21 +186,6 @@ def write_textfile(path: str | os.PathLike[str], snap: Optional[Snapshot] = None
     data: bytes = prometheus_client.generate_latest(_registry(snap, pid, labels))
     _replace_atomically(p, data)
     return p
-
-
-def _umask() -> int:
-    """This process's umask: from ``/proc/self/status`` (``Umask:``, Linux 4.7 and later),
-    else by setting it and setting it back (``os.umask`` has no read-only form)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _replace_atomically(path: str, data: bytes) -> None:
