@@ -25,7 +25,8 @@ import torch  # noqa: E402
 
 from vramlab.units import format_bytes  # noqa: E402
 from vramlab.lessons import models  # noqa: E402
-from vramlab.sim.estimate import estimate, measure  # noqa: E402
+from vramlab.sim.estimate import estimate  # noqa: E402
+from vramlab.sim.measure import measure  # noqa: E402
 
 
 def accelerate_rule(build) -> tuple[int, str]:  # type: ignore[no-untyped-def]

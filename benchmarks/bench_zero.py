@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vramlab.lessons import models  # noqa: E402
-from vramlab.sim.estimate import estimate, measure_distributed_many  # noqa: E402
+from vramlab.sim.estimate import estimate  # noqa: E402
+from vramlab.sim.measure import measure_distributed_many  # noqa: E402
 from vramlab.units import format_bytes  # noqa: E402
 
 CASES = [

@@ -459,7 +459,7 @@ def _out_of_step_rank(job):
 @pytest.mark.slow
 def test_a_rank_out_of_step_makes_rank_zero_raise_one_clear_error():
     pytest.importorskip("torch")
-    from vramlab.sim.distributed import run_ranks
+    from vramlab.sim.ranks import run_ranks
 
     zero, one = run_ranks(_out_of_step_rank, [0x0123456789ABCDEF, 0], world_size=2, timeout=120)
     assert one == [None, None]

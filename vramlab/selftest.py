@@ -195,7 +195,8 @@ ESTIMATE_STEPS: tuple[tuple[str, str, dict[str, Any], tuple[int, ...]], ...] = (
 def estimate_pairs(torch: Any, log: Callable[[str], None] = lambda s: None) -> list[tuple[str, int, int]]:
     """Estimated and measured peaks on cuda:0 for :data:`ESTIMATE_STEPS` (bytes)."""
     from .lessons import models
-    from .sim.estimate import estimate, measure_cuda, warm_up_cuda
+    from .sim.estimate import estimate
+    from .sim.measure import measure_cuda, warm_up_cuda
 
     warm_up_cuda(torch)
     out = []

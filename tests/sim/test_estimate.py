@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from vramlab.lessons import models  # noqa: E402
-from vramlab.sim.estimate import Estimate, estimate, measure  # noqa: E402
+from vramlab.sim.estimate import Estimate, estimate  # noqa: E402
+from vramlab.sim.measure import measure  # noqa: E402
 from vramlab.sim.presets import CUDA_CONTEXT_OVERHEAD, get_preset  # noqa: E402
 from vramlab.probes.host import read_host  # noqa: E402
 from vramlab.sim.virtual_gpu import CATEGORIES  # noqa: E402

@@ -1,6 +1,6 @@
 """estimate(world_size=N, strategy=...) against real ranks: each strategy's per-rank peak,
 estimated on torch's fake process group, compared with the peak measured on N CPU processes
-running torch.distributed's gloo backend (vramlab.sim.estimate.measure_distributed_many),
+running torch.distributed's gloo backend (vramlab.sim.measure.measure_distributed_many),
 on the MLP, the CNN and the small GPT of vramlab.lessons.models at small sizes."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from vramlab.lessons import models  # noqa: E402
 from vramlab.sim import distributed as D  # noqa: E402
-from vramlab.sim.estimate import estimate, measure_distributed, measure_distributed_many  # noqa: E402
+from vramlab.sim.ledger import ShardLedger  # noqa: E402
+from vramlab.sim.estimate import estimate  # noqa: E402
+from vramlab.sim.measure import measure_distributed, measure_distributed_many  # noqa: E402
 
 # module-level partials: picklable, for the spawned ranks
 CASES = {
@@ -63,13 +65,11 @@ def _check(e, readings) -> None:  # type: ignore[no-untyped-def]
     assert [r.rank for r in readings] == list(range(len(readings)))
     # the estimate reports the highest rank's peak: compare with the highest measured
     assert e.peak == pytest.approx(max(measured), rel=TOLERANCE)
-    own = e.rank_peaks[e.rank] if len(e.rank_peaks) > 1 else e.rank_peaks[0]
-    assert e.peak == own
+    own = e.rank_peaks[e.rank]
+    assert e.peak == own == max(e.rank_peaks.values())
     assert own == pytest.approx(measured[e.rank], rel=TOLERANCE)
-    if len(e.rank_peaks) > 1:  # ZeRO: every rank estimated
-        assert len(e.rank_peaks) == len(measured)
-        for est, real in zip(e.rank_peaks, measured):
-            assert est == pytest.approx(real, rel=TOLERANCE)
+    for rank, est in e.rank_peaks.items():  # each rank estimated, against its own real run
+        assert est == pytest.approx(measured[rank], rel=TOLERANCE)
     assert sum(e.breakdown.values()) == e.peak
 
 
@@ -84,8 +84,8 @@ def test_per_rank_peak_within_3_percent_of_two_real_gloo_ranks(measured2, model,
 @pytest.mark.parametrize("model", CASES)
 def test_zero2_model_matches_its_own_real_run_on_two_ranks(measured2, model) -> None:
     """zero2 is vramlab's model (torch has none): this checks the estimate of that model
-    against the same model run for real, not against DeepSpeed."""
-    e = _estimate(model, "zero2", 2)
+    against the same model run for real, not against DeepSpeed, on every rank."""
+    e = _estimate(model, "zero2", 2, rank="all")
     _check(e, measured2[(model, "zero2")])
     assert any("not verified against DeepSpeed" in n for n in e.notes)
 
@@ -143,13 +143,46 @@ def test_fsdp_shards_parameters_and_optimizer_state_by_world_size() -> None:
         assert ddp_keeps / n <= e.after <= ddp_keeps / n * 1.02
 
 
-def test_zero_estimates_every_rank_and_reports_the_highest() -> None:
-    e = _estimate("mlp", "zero1", 4)
-    assert len(e.rank_peaks) == 4
-    assert e.peak == max(e.rank_peaks) == e.rank_peaks[e.rank]
+def test_zero_estimates_every_rank_on_request_and_reports_the_highest() -> None:
+    e = _estimate("mlp", "zero1", 4, rank="all")
+    assert sorted(e.rank_peaks) == [0, 1, 2, 3]
+    assert e.peak == max(e.rank_peaks.values()) == e.rank_peaks[e.rank]
     one = _estimate("mlp", "zero1", 4, rank=3)
-    assert one.rank == 3 and one.rank_peaks == (e.rank_peaks[3],)
+    assert one.rank == 3 and one.rank_peaks == {3: e.rank_peaks[3]}
     assert "zero1 on 4 ranks" in e.text()
+
+
+@pytest.mark.parametrize("model", CASES)
+@pytest.mark.parametrize("strategy", ("zero1", "zero2"))
+def test_zero_by_default_runs_rank_0_and_the_busiest_partition(model, strategy) -> None:
+    """The partition rule (ZeroRedundancyOptimizer's greedy one) names the rank holding the
+    most elements; the default estimate runs it and rank 0 only, and each of their peaks is
+    the one every-rank estimation gives them."""
+    from vramlab.sim.step import build_on_meta
+    from vramlab.sim.strategies import zero_partition
+
+    factory, _ = CASES[model]
+    m = build_on_meta(factory()[0], None)
+    sizes = zero_partition([p.numel() for p in m.parameters() if p.requires_grad], 4)
+    busiest = sizes.index(max(sizes))
+    e = _estimate(model, strategy, 4)
+    every = _estimate(model, strategy, 4, rank="all")
+    assert sorted(e.rank_peaks) == sorted({0, busiest})
+    assert all(every.rank_peaks[r] == p for r, p in e.rank_peaks.items())
+
+
+def test_zero_partition_is_torchs_own() -> None:
+    """zero_partition gives each rank the elements ZeroRedundancyOptimizer assigns it."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from vramlab.sim.ranks import fake_process_group
+    from vramlab.sim.strategies import zero_partition
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(n, 7) for n in (3, 50, 9, 50, 21, 4)])
+    for ws in (2, 3, 4):
+        with fake_process_group(ws, 0):
+            opt = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.SGD, lr=0.1)
+            torch_sizes = [sum(p.numel() for g in groups for p in g["params"]) for groups in opt._partition_parameters()]
+        assert zero_partition([p.numel() for p in model.parameters()], ws) == torch_sizes
 
 
 def test_the_fake_process_group_is_gone_after_an_estimate() -> None:
@@ -161,7 +194,7 @@ def test_shard_ledger_counts_views_of_a_split_as_views() -> None:
     """Each piece of ``split`` is a view: a tensor the ledger did not see created (gloo's
     reduce-scatter splits one it made in C++) is not counted through its pieces."""
     outside = torch.ones(1000)
-    acct = D.ShardLedger(None)
+    acct = ShardLedger(None)
     with acct:
         pieces = outside.split(250)
         made = torch.ones(10)

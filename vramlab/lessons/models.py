@@ -1,7 +1,7 @@
 """Small reference models for lessons and accuracy checks: an MLP, a CNN and a GPT.
 
 Each ``make_*`` returns a ``(build_model, make_batch, loss_fn)`` triple in the form
-:func:`vramlab.sim.estimate.estimate` and :func:`vramlab.sim.estimate.measure` take. ``gpt_config`` sizes a
+:func:`vramlab.sim.estimate.estimate` and :func:`vramlab.sim.measure.measure` take. ``gpt_config`` sizes a
 GPT by parameter count (``gpt(**gpt_config("0.8B"))`` builds a 0.8-billion-parameter one).
 Nothing here allocates until a builder is called.
 """

@@ -173,7 +173,7 @@ def _rank_step(rank: int, world_size: int, strategy: str, factory: Callable[[], 
 
 
 def _comm_jobs(jobs: list) -> list[CommCount]:
-    """In a rank of :func:`vramlab.sim.distributed.run_ranks`: count each job's step."""
+    """In a rank of :func:`vramlab.sim.ranks.run_ranks`: count each job's step."""
     return [_rank_step(dist.get_rank(), dist.get_world_size(), *job) for job in jobs]
 
 
@@ -203,7 +203,7 @@ def communication_per_step_many(factory: Callable[[], tuple], *, strategies: tup
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
         raise ValueError(f"world_size must be an int of at least 2; got {world_size!r}")
-    from ..sim.distributed import run_ranks
+    from ..sim.ranks import run_ranks
 
     per_rank = run_ranks(_comm_jobs, [(s, factory, batch_size) for s in strategies], world_size=world_size,
                          timeout=timeout)

@@ -5,11 +5,18 @@
 - :mod:`vramlab.sim.virtual_gpu`: :class:`VirtualGPU`, a GPU of a given capacity on the CPU,
   with exact storage accounting and CUDA-shaped OOMs.
 - :mod:`vramlab.sim.presets`: real GPUs (memory, bandwidth, host link), by name.
+- :mod:`vramlab.sim.step`: one training or inference step (build on meta, materialise,
+  initialise, forward, backward, optimizer step), as every estimate and measurement runs it.
+- :mod:`vramlab.sim.precision`: ``precision=`` by Lightning's names, and what mixed precision
+  means per strategy (autocast, float32 master weights, FSDP2's ``MixedPrecisionPolicy``).
+- :mod:`vramlab.sim.strategies`: the data-parallel strategies ``estimate(world_size=N,
+  strategy=...)`` runs (DDP, ZeRO-1, ZeRO-2, FSDP2) with torch's own wrappers.
+- :mod:`vramlab.sim.ranks`: torch's fake process group, and real gloo ranks on the CPU.
 - :mod:`vramlab.sim.estimate`: :func:`estimate`, one step under ``FakeTensorMode``: the
   peak and its breakdown without real memory, and whether it fits a preset.
-- :mod:`vramlab.sim.distributed`: the data-parallel strategies ``estimate(world_size=N,
-  strategy=...)`` runs (DDP, ZeRO-1, ZeRO-2, FSDP2) on torch's fake process group;
-  :func:`measure_distributed` runs the same steps on real gloo ranks on the CPU.
+- :mod:`vramlab.sim.measure`: :func:`measure` (under a VirtualGPU), :func:`measure_distributed`
+  (real gloo ranks) and ``measure_cuda``: the same steps, run for real.
+- :mod:`vramlab.sim.distributed`: the strategies' and ranks' names in one import (as before).
 - :mod:`vramlab.sim.batch_finder`: :func:`find_max_batch_size`, the exact largest batch that fits.
 
 Everything here but the presets and the batch finder needs torch (``pip install 'vramlab[sim]'``);
@@ -47,10 +54,10 @@ _LAZY = {
     "Ledger": ("ledger", "Ledger"),
     "VirtualGPU": ("virtual_gpu", "VirtualGPU"),
     "estimate": ("estimate", "estimate"),
-    "measure": ("estimate", "measure"),
+    "measure": ("measure", "measure"),
     "Estimate": ("estimate", "Estimate"),
-    "measure_distributed": ("estimate", "measure_distributed"),
-    "measure_distributed_many": ("estimate", "measure_distributed_many"),
+    "measure_distributed": ("measure", "measure_distributed"),
+    "measure_distributed_many": ("measure", "measure_distributed_many"),
     "find_max_batch_size": ("batch_finder", "find_max_batch_size"),
     "BatchSearch": ("batch_finder", "BatchSearch"),
     "Trial": ("batch_finder", "Trial"),

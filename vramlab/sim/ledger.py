@@ -29,10 +29,11 @@ from .._extras import require_torch
 require_torch("vramlab's simulator")  # one line saying what to install, not a bare ModuleNotFoundError
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Ledger", "LedgerHooks", "CATEGORIES", "CUDA_BLOCK_SIZE", "storage_of"]
+__all__ = ["Ledger", "ShardLedger", "LedgerHooks", "CATEGORIES", "CUDA_BLOCK_SIZE", "storage_of",
+           "counted_storage_resize", "check_category"]
 
 #: Breakdown categories, in display order.
 CATEGORIES: tuple[str, ...] = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "other")
@@ -41,6 +42,15 @@ CATEGORIES: tuple[str, ...] = ("parameters", "buffers", "gradients", "optimizer_
 #: (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp); ``memory_allocated`` counts
 #: the rounded sizes. ``round_blocks=True`` models that.
 CUDA_BLOCK_SIZE = 512
+
+
+
+def check_category(cat: str) -> str:
+    """``cat`` if it is one of :data:`CATEGORIES`, else one ``ValueError`` listing them."""
+    if cat not in CATEGORIES:
+        raise ValueError(f"unknown category {cat!r}; one of {', '.join(CATEGORIES)}")
+    return cat
+
 
 # Categories that a later, weaker classification never overrides.
 _OWNED = frozenset(("parameters", "buffers", "gradients", "optimizer_state"))
@@ -146,6 +156,8 @@ class Ledger(TorchDispatchMode):
         self.table: dict[int, _Rec] = {}
         self.lock = threading.RLock()
         self.in_optimizer = 0
+        #: bytes per category when the last (outermost) optimizer step ended (see LedgerHooks)
+        self.after_step: Optional[dict[str, int]] = None
         self.allocating_as: Optional[str] = None  # the category of what is allocated now (see category())
         self.thread: Optional[int] = None
         self._fake_cls: Any = None
@@ -251,9 +263,7 @@ class Ledger(TorchDispatchMode):
         """New storages made in the block are counted as ``cat`` (one of :data:`CATEGORIES`), not
         "other": what a wrapper allocates for the model's states, e.g. DDP's gradient buckets or
         FSDP's all-gather buffers (the unsharded parameters)."""
-        if cat not in CATEGORIES:
-            raise ValueError(f"unknown category {cat!r}; one of {', '.join(CATEGORIES)}")
-        before, self.allocating_as = self.allocating_as, cat
+        before, self.allocating_as = self.allocating_as, check_category(cat)
         try:
             yield
         finally:
@@ -270,6 +280,7 @@ class Ledger(TorchDispatchMode):
 
     def classify_storage(self, st: torch.UntypedStorage, cat: str, *, force: bool = False) -> None:
         """:meth:`classify` for a storage."""
+        check_category(cat)
         rec = self.table.get(id(st))
         if rec is None or rec.cat == cat:
             return
@@ -279,6 +290,7 @@ class Ledger(TorchDispatchMode):
 
     def move(self, rec: _Rec, cat: str) -> None:
         """Move one record's bytes to another category."""
+        check_category(cat)
         with self.lock:
             if rec.ref is not None and rec.ref() is None:
                 return  # already freed
@@ -376,6 +388,67 @@ class Ledger(TorchDispatchMode):
             new.append(st)
 
 
+class ShardLedger(Ledger):
+    r"""A :class:`~vramlab.sim.ledger.Ledger` that counts a tensor subclass by what it holds.
+
+    FSDP2's sharded parameters, gradients and optimizer state are ``DTensor``\ s: wrapper
+    subclasses whose own "storage" has the *global* shape's size and no data, while the
+    rank's memory is the local shard inside. The plain ledger (and so a plain VirtualGPU)
+    counts the wrapper: the full tensor's bytes on every rank (measured: twice the shard on
+    2 ranks), and a fake-tensor ledger counts nothing. This one counts the inner tensors of
+    every traceable wrapper subclass (``__tensor_flatten__``) instead of the wrapper.
+    """
+
+    def _account(self, func: Any, outs: Any, single: bool) -> None:
+        # An operator returning one ``Tensor(a)[]`` (``split``, ``chunk``, ``unbind``) returns
+        # views, all of them: the plain ledger treats the 2nd and later as fresh, which counts
+        # the whole storage of a tensor it did not see created (gloo's reduce-scatter splits a
+        # temporary it made in C++, off the books; NCCL has no such torch tensor).
+        if not single and isinstance(outs, list):
+            flags = _alias_flags(func)
+            if len(flags) == 1 and flags[0]:
+                for t in outs:
+                    if isinstance(t, torch.Tensor) and self.counts(t):
+                        st = storage_of(t)
+                        rec = self.table.get(id(st)) if st is not None else None
+                        if st is not None and rec is not None and rec.raw != st.nbytes():
+                            self._regrow(st, rec)
+                return
+        super()._account(func, outs, single)
+
+    def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
+        if is_traceable_wrapper_subclass(t):
+            names, _ctx = t.__tensor_flatten__()
+            for n in names:
+                inner = getattr(t, n)
+                if isinstance(inner, torch.Tensor):
+                    self._one(inner, alias, new)
+            return
+        super()._one(t, alias, new)
+
+
+@contextlib.contextmanager
+def counted_storage_resize(acct: Ledger) -> Iterator[None]:
+    """Route ``UntypedStorage.resize_`` through ``acct`` for the block, as a VirtualGPU does:
+    FSDP2 frees and re-allocates its all-gather buffers with ``storage.resize_``, which no
+    dispatch mode sees. Only the calling thread's resizes are counted. The one place vramlab
+    patches ``resize_``: a VirtualGPU enters it too."""
+    orig = torch.UntypedStorage.resize_
+    me = threading.get_ident()
+
+    def resize_(st: torch.UntypedStorage, size: int) -> Any:
+        if threading.get_ident() != me:
+            return orig(st, size)
+        return acct.storage_resize(orig, st, size)
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = orig  # type: ignore[method-assign]
+
+
+
 # ---------------------------------------------------------------------- hooks
 
 
@@ -436,6 +509,8 @@ class LedgerHooks:
             if threading.get_ident() == me:
                 acct.in_optimizer = max(acct.in_optimizer - 1, 0)
                 self.classify_optimizer(opt)
+                if acct.in_optimizer == 0:  # the outermost step (ZeRO's wraps the rank's own)
+                    acct.after_step = dict(acct.cats)
 
         def unpack(x: Any) -> torch.Tensor:
             return x.t if type(x) is _Saved else x

@@ -15,6 +15,7 @@ All sizes are in bytes.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -28,7 +29,7 @@ import torch  # noqa: E402
 from ..model import DeviceSnapshot
 from ..reconcile import device_layers, register_device_provider, unregister_device_provider
 from ..units import format_bytes, parse_size
-from .ledger import CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, storage_of
+from .ledger import CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, ShardLedger, counted_storage_resize, storage_of
 from .presets import get_preset
 
 __all__ = [
@@ -130,6 +131,9 @@ class VirtualGPU:
         context_overhead: bytes the CUDA context takes on the card (not available to
             tensors). Default: the preset's modelled overhead
             (:data:`vramlab.sim.presets.CUDA_CONTEXT_OVERHEAD`) for a preset, 0 for a size.
+        count_shards: count a tensor subclass (FSDP2's ``DTensor``) by the local tensors it
+            holds rather than its global size (:class:`~vramlab.sim.ledger.ShardLedger`): what
+            one rank's device holds. Off by default.
 
     Use::
 
@@ -145,14 +149,14 @@ class VirtualGPU:
     """
 
     def __init__(self, capacity: Union[int, str], name: Optional[str] = None, *, round_blocks: bool = False,
-                 context_overhead: Optional[int] = None) -> None:
+                 context_overhead: Optional[int] = None, count_shards: bool = False) -> None:
         spec = _resolve_capacity(capacity, name, context_overhead)
         self._spec = spec
         self.round_blocks = bool(round_blocks)
-        self._acct = Ledger(spec.capacity - spec.context, round_blocks=self.round_blocks,
-                                 on_oom=self._make_oom)
+        books = ShardLedger if count_shards else Ledger
+        self._acct = books(spec.capacity - spec.context, round_blocks=self.round_blocks, on_oom=self._make_oom)
         self._hooks = LedgerHooks(self._acct)
-        self._orig_resize: Any = None
+        self._resize: Optional[contextlib.ExitStack] = None
         self._active = False
         self._provider = self._devices
 
@@ -162,6 +166,11 @@ class VirtualGPU:
     def ledger(self) -> Ledger:
         """The :class:`~vramlab.sim.ledger.Ledger` that keeps this device's books."""
         return self._acct
+
+    @property
+    def hooks(self) -> LedgerHooks:
+        """The :class:`~vramlab.sim.ledger.LedgerHooks` that classify this device's storages."""
+        return self._hooks
 
     @property
     def capacity(self) -> int:
@@ -354,15 +363,8 @@ class VirtualGPU:
         try:
             acct = self._acct
             acct.thread = threading.get_ident()
-            orig = torch.UntypedStorage.resize_
-            self._orig_resize = orig
-
-            def resize_(st: torch.UntypedStorage, size: int) -> Any:
-                if threading.get_ident() != acct.thread:
-                    return orig(st, size)
-                return acct.storage_resize(orig, st, size)
-
-            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+            self._resize = contextlib.ExitStack()
+            self._resize.enter_context(counted_storage_resize(acct))
             self._hooks.install()
             acct.__enter__()
             self._active = True
@@ -382,9 +384,9 @@ class VirtualGPU:
             self._acct.__exit__(None, None, None)
         self._active = False
         self._hooks.remove()
-        if self._orig_resize is not None:
-            torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
-            self._orig_resize = None
+        if self._resize is not None:
+            self._resize.close()
+            self._resize = None
         with _ACTIVE_LOCK:
             if _ACTIVE is self:
                 _ACTIVE = None
