@@ -29,7 +29,7 @@ def test_import_contracts_are_kept():
     r = _lint(ROOT)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "5 kept, 0 broken" in out, out
+    assert "6 kept, 0 broken" in out, out
 
 
 def test_an_upward_import_breaks_the_layers(tmp_path):
@@ -41,6 +41,18 @@ def test_an_upward_import_breaks_the_layers(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
     assert "vramlab.model is not allowed to import vramlab.runtime" in out, out
+
+
+def test_the_simulators_rooms_refuse_an_upward_import(tmp_path):
+    """sim/step.py runs a step: it may not reach up into the estimate (the cycle StepKit once dodged)."""
+    shutil.copytree(PACKAGE, tmp_path / "vramlab", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    step = tmp_path / "vramlab" / "sim" / "step.py"
+    step.write_text(step.read_text() + "\n\ndef _bad() -> None:\n    from .estimate import estimate  # noqa: F401\n")
+    r = _lint(tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "vramlab.sim.step is not allowed to import vramlab.sim.estimate" in out, out
 
 
 def _module_level_imports(tree: ast.Module) -> list[str]:

@@ -200,9 +200,14 @@ assert abs(comm["zero1"][0].payload["broadcast"] / param_bytes - 1) < 0.01  # Ze
 # %% [markdown]
 # ## 4. A 7B fine-tune on 8 × H100
 #
-# Lesson 09's 7B model did not fit an 80 GB card in fp32 with AdamW. On eight H100 80GB cards, one
-# sequence of 512 tokens per rank, each strategy's rank peak from the estimate, against what an
-# H100 offers tensors (`GPUPreset.usable`):
+# Lesson 09's 7B model did not fit one 80 GB card with AdamW. Here it trains as most people
+# train it, in bf16 mixed precision (`precision="bf16-mixed"`, Lightning's name): 16-bit compute
+# with fp32 master weights and fp32 Adam moments, which is 16 bytes per parameter of model states
+# (2 + 2 + 12, the ZeRO paper's count). Each strategy runs it the way its framework does: DDP under
+# autocast, ZeRO-1/2 with 16-bit working weights and an fp32 master copy of the rank's partition,
+# FSDP with fp32 shards gathered in bf16. On eight H100 80GB cards, one sequence of 512 tokens per
+# rank, the estimate gives each strategy's rank peak and the model states a rank holds when the
+# optimizer step ends, set against what an H100 offers tensors (`GPUPreset.usable`).
 #
 # **Predict.** Which strategies fit?
 
@@ -210,28 +215,42 @@ assert abs(comm["zero1"][0].payload["broadcast"] / param_bytes - 1) < 0.01  # Ze
 prediction_fit_8xh100 = None  # your guess: a list of strategy names
 
 # %%
-build_7b, batch_7b, loss_7b = models.make_gpt("7B", seq=512)  # lesson 09's model, in fp32 here
+build_7b, batch_7b, loss_7b = models.make_gpt("7B", seq=512)  # lesson 09's model
 h100 = get_preset("H100-80GB")
 seven = {s: vramlab.estimate(build_7b, batch_7b, batch_size=1, optimizer="adam", loss_fn=loss_7b, world_size=8,
-                             strategy=s, rank=0, device="H100-80GB") for s in strategies}
+                             strategy=s, precision="bf16-mixed", device="H100-80GB") for s in strategies}
+psi, n_ranks = seven["ddp"].parameters, 8
+paper = {"ddp": 16 * psi, "zero1": 4 * psi + 12 * psi / n_ranks, "zero2": 2 * psi + 14 * psi / n_ranks,
+         "fsdp": 16 * psi / n_ranks}  # the ZeRO paper's model states per rank (Rajbhandari et al. 2020, Fig. 1)
+print(f"{psi / 1e9:.2f} B parameters, bf16-mixed, 8 ranks; model states when the optimizer step ends:")
 for s, e in seven.items():
-    print(f"{s:<6} rank 0's peak {format_bytes(e.peak):>11} of {format_bytes(h100.usable)} usable: "
-          f"{'fits' if e.peak <= h100.usable else 'does not fit'}")
+    print(f"{s:<6} model states {format_bytes(e.model_states_total):>11} (paper's formula {format_bytes(paper[s]):>11}, "
+          f"x{e.model_states_total / paper[s]:.2f}); rank peak {format_bytes(e.peak):>11} of "
+          f"{format_bytes(h100.usable)} usable: {'fits' if e.peak <= h100.usable else 'does not fit'}")
 fit_8 = [s for s, e in seven.items() if e.peak <= h100.usable]
 print(f"fit: {fit_8} ({guess(prediction_fit_8xh100)})")
 
 # %% [markdown]
 # Sharding turns "does not fit any card" into "fits with room": the 16 bytes per parameter that
 # DDP keeps on every rank become 16/8 = 2 per rank under FSDP, plus one block's gathered weights
-# and the activations. (ZeRO shares are whole tensors, so for ZeRO the estimate here is rank 0's;
-# `rank=None` estimates every rank and reports the busiest, at eight times the cost.) For the
-# same job the sharding strategies send more bytes per step (section 3), which on eight cards
-# linked by NVLink is usually a good trade.
+# and the activations. The model states follow the ZeRO paper's formulas (DDP 16Ψ, ZeRO-1
+# 4Ψ + 12Ψ/N, ZeRO-2 2Ψ + 14Ψ/N, FSDP 16Ψ/N, for Ψ parameters on N ranks), with two departures
+# that come from torch itself, printed above as the ratio: DDP copies the gradients into its
+# buckets unless `gradient_as_bucket_view=True` (the gradients' bytes again: 4 more per parameter
+# in fp32 under DDP's autocast, 2 more in bf16 under ZeRO-1, which runs DDP), and ZeRO's
+# partitions are whole tensors, so a rank's share is not exactly an eighth. For ZeRO the estimate runs rank 0 and the rank whose partition holds the most elements
+# (`rank="all"` runs all eight). For the same job the sharding strategies send more bytes per step
+# (section 3), which on eight cards linked by NVLink is usually a good trade.
 
 # %%
 assert seven["ddp"].peak > h100.usable  # replicated: 16 bytes per parameter do not fit 80 GB
 assert seven["fsdp"].peak < h100.usable  # sharded eight ways: it fits
 assert seven["fsdp"].peak < seven["zero2"].peak < seven["zero1"].peak < seven["ddp"].peak
+assert abs(seven["fsdp"].model_states_total / paper["fsdp"] - 1) < 0.01  # 16 bytes per parameter / 8
+assert abs(seven["ddp"].model_states_total / (paper["ddp"] + 4 * psi) - 1) < 0.01  # + the buckets' fp32 copy
+buckets = {"zero1": 2 * psi, "zero2": 0}  # ZeRO-1 runs DDP: its buckets copy the bf16 gradients
+for s in ("zero1", "zero2"):  # whole tensors: about the formula, never much below it
+    assert 0.99 <= seven[s].model_states_total / (paper[s] + buckets[s]) < 1.2
 
 # %% [markdown]
 # ## 5. The other processes: DataLoader workers
@@ -320,6 +339,6 @@ print("1. ZeRO-1, 4 ranks: " + ", ".join(format_bytes(p) for p in zero1_4)
 
 # solution 2: FSDP on 4 x H100 instead of 8
 fsdp4 = vramlab.estimate(build_7b, batch_7b, batch_size=1, optimizer="adam", loss_fn=loss_7b, world_size=4,
-                         strategy="fsdp", device="H100-80GB")
+                         strategy="fsdp", precision="bf16-mixed", device="H100-80GB")
 print(f"2. FSDP on 4 ranks: {format_bytes(fsdp4.peak)} (8 ranks: {format_bytes(seven['fsdp'].peak)}); "
       f"{'fits' if fsdp4.peak <= h100.usable else 'does not fit'} the H100's {format_bytes(h100.usable)}")

@@ -171,8 +171,17 @@ class Estimate:
         color = "#59a14f" if self.fits else ("#e15759" if self.fits is False else "#888")
         return (f"<div class='vramlab-estimate'><p style='border-left:3px solid {color};padding-left:6px'>"
                 f"{html.escape(self.verdict())}</p><table><tr><th>at the peak</th><th>bytes</th></tr>{rows}"
-                f"</table><p>{html.escape(self.method)}, {self.step} step, batch {self.batch_size}, "
+                f"</table>{self._states_html()}<p>{html.escape(self.method)}, {self.step} step, batch {self.batch_size}, "
                 f"{self.parameters:,} parameters; {self.seconds:.2f} s</p></div>")
+
+    def _states_html(self) -> str:
+        if not self.model_states:
+            return ""
+        ms = self.model_states
+        return (f"<p>model states when the step ends: {html.escape(format_bytes(self.model_states_total))} "
+                f"(parameters {html.escape(format_bytes(ms.get('parameters', 0)))}, gradients "
+                f"{html.escape(format_bytes(ms.get('gradients', 0)))}, optimizer state "
+                f"{html.escape(format_bytes(ms.get('optimizer_state', 0)))})</p>")
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
