@@ -27,22 +27,25 @@ torch.manual_seed(0)
 MiB, GiB = 2**20, 2**30
 
 # %% [markdown]
-# ## 1. Four ways to fine-tune, on four cards
+# ## 1. Five ways to fine-tune, on four cards
 #
 # A GPT of 6.6 B parameters (hidden size 4096, 32 layers, a 32,000-token vocabulary: the shape of
 # the 7B open models), one sequence of 512 tokens per step. `vramlab.estimate` runs each step
 # under fake tensors in a few seconds and no memory, with CUDA's 512-byte rounding and its
-# multi-tensor (`foreach`) optimizer. Four ways to fine-tune it:
+# multi-tensor (`foreach`) optimizer. Five ways to fine-tune it (`precision=` takes Lightning's
+# names):
 #
-# 1. **full, fp32, AdamW**: 16 bytes per parameter, plus temporaries;
-# 2. **full, bf16, AdamW**: weights, gradients and moments in bf16 (8 bytes per parameter). This
+# 1. **full, fp32, AdamW** (`"32-true"`): 16 bytes per parameter, plus temporaries;
+# 2. **full, bf16 mixed precision, AdamW** (`"bf16-mixed"`): how most models are trained. The
+#    weights, gradients and Adam moments stay fp32 and `torch.autocast` runs the matmuls in bf16;
+# 3. **full, bf16, AdamW** (`"bf16-true"`): weights, gradients and moments in bf16 (8 bytes per parameter). This
 #    fits the bytes, but without fp32 master weights it loses small updates unless Kahan summation
 #    or stochastic rounding is added (lesson 08, section 2);
-# 3. **full, bf16, 8-bit AdamW state**: the moments in 1 byte each. bitsandbytes (the usual
+# 4. **full, bf16, 8-bit AdamW state**: the moments in 1 byte each. bitsandbytes (the usual
 #    library for this) is not installed here, so the state is modelled with
 #    `finetune.Int8StateAdamW`, a plain-PyTorch 8-bit AdamW that stores exactly the same bytes:
 #    2 per parameter plus one float32 scale per 2048 values;
-# 4. **frozen bf16 base + LoRA adapters** (rank 16 on every linear layer of the blocks): only the
+# 5. **frozen bf16 base + LoRA adapters** (rank 16 on every linear layer of the blocks): only the
 #    adapters (0.6% of the parameters) have gradients and optimizer state.
 #
 # Each peak is then set against four cards: the T4 (a "16 GB" card), the A100 and H100 (80 GB)
@@ -51,7 +54,7 @@ MiB, GiB = 2**20, 2**30
 # 0.5 GiB (`GPUPreset.usable`; the sources are cited in `vramlab.sim.presets`). The T4 has no bf16
 # arithmetic: fp16 would be used there, with the same bytes.
 #
-# **Predict.** Which of the four fit on an 80 GB card? Which on a T4? Which on the H200?
+# **Predict.** Which of the five fit on an 80 GB card? Which on a T4? Which on the H200?
 
 # %%
 prediction_fits_80gb = None  # your guess: a list of the names above
@@ -71,29 +74,30 @@ def big_batch(b: int):
     return idx, idx
 
 
-configs = {
-    "full fp32, AdamW": (lambda: GPT(**big), None, lambda ps: torch.optim.AdamW(ps, foreach=True)),
-    "full bf16, AdamW": (lambda: GPT(**big), torch.bfloat16, lambda ps: torch.optim.AdamW(ps, foreach=True)),
-    "bf16 + 8-bit state": (lambda: GPT(**big), torch.bfloat16, lambda ps: finetune.Int8StateAdamW(ps)),
-    "frozen base + LoRA": (lambda: finetune.add_lora(GPT(**big), rank=16), torch.bfloat16,
+configs = {  # name: (build, precision, optimizer)
+    "full fp32, AdamW": (lambda: GPT(**big), "32-true", lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    "full bf16-mixed, AdamW": (lambda: GPT(**big), "bf16-mixed", lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    "full bf16, AdamW": (lambda: GPT(**big), "bf16-true", lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    "bf16 + 8-bit state": (lambda: GPT(**big), "bf16-true", lambda ps: finetune.Int8StateAdamW(ps)),
+    "frozen base + LoRA": (lambda: finetune.add_lora(GPT(**big), rank=16), "bf16-true",
                            lambda ps: torch.optim.AdamW(ps, foreach=True)),
 }
 presets = [get_preset(p) for p in ("T4", "A100-80GB", "H100-80GB", "H200-141GB")]
 results = {}
-for name, (build, dtype, optim) in configs.items():
-    results[name] = vramlab.estimate(build, big_batch, batch_size=1, optimizer=optim, dtype=dtype,
+for name, (build, precision, optim) in configs.items():
+    results[name] = vramlab.estimate(build, big_batch, batch_size=1, optimizer=optim, precision=precision,
                                      loss_fn=lm_loss_fp32, device="A100-80GB")
 n7 = results["full fp32, AdamW"].parameters
 print(f"{n7 / 1e9:.2f} B parameters; usable: "
       + ", ".join(f"{p.name} {format_bytes(p.usable)} (datasheet {p.datasheet_memory // GiB} GB)" for p in presets) + "\n")
 print("at the peak:")
-print(f"{'':<22}{'peak':>11}{'weights':>10}{'grads':>10}{'opt state':>11}{'activ.':>9}   "
+print(f"{'':<24}{'peak':>11}{'weights':>10}{'grads':>10}{'opt state':>11}{'activ.':>9}   "
       + "".join(f"{p.name:>11}" for p in presets))
 fits = {}
 for name, e in results.items():
     b = e.breakdown
     fits[name] = {p.name: e.peak <= p.usable for p in presets}
-    print(f"{name:<22}{e.peak / GiB:>8.1f} GiB{b['parameters'] / GiB:>7.1f} G{b['gradients'] / GiB:>7.1f} G"
+    print(f"{name:<24}{e.peak / GiB:>8.1f} GiB{b['parameters'] / GiB:>7.1f} G{b['gradients'] / GiB:>7.1f} G"
           f"{b['optimizer_state'] / GiB:>8.1f} G{(b['activations'] + b['other']) / GiB:>6.1f} G   "
           + "".join(f"{'fits' if fits[name][p.name] else '—':>11}" for p in presets))
 
@@ -109,11 +113,27 @@ ax.legend(fontsize=8)
 fig.tight_layout()
 
 # %%
-full32, full16, eight, lora = (results[k] for k in configs)
+full32, mixed, full16, eight, lora = (results[k] for k in configs)
 t4 = presets[0]
+with torch.device("meta"):
+    adapters = sum(p.numel() for p in configs["frozen base + LoRA"][0]().parameters() if p.requires_grad)
+per_param = {  # model states by the bytes-per-parameter count (lesson 08): weights + gradients + state
+    "full fp32, AdamW": finetune.training_bytes_per_parameter("adamw", "fp32"),
+    "full bf16-mixed, AdamW": finetune.training_bytes_per_parameter("adamw", "amp"),
+    "full bf16, AdamW": finetune.training_bytes_per_parameter("adamw", "bf16"),
+    "bf16 + 8-bit state": finetune.training_bytes_per_parameter("adamw-8bit", "bf16"),
+}
+counted = {k: (v["total"] - v["autocast_copies"]) * n7 for k, v in per_param.items()}  # copies die in backward
+counted["frozen base + LoRA"] = (finetune.training_bytes_per_parameter("adamw", "bf16", trainable=False)["total"]
+                                 * n7 + finetune.training_bytes_per_parameter("adamw", "bf16")["total"] * adapters)
+print("model states when the optimizer step ends, against the bytes-per-parameter count:")
+for name, e in results.items():
+    print(f"{name:<24}{format_bytes(e.model_states_total):>11}  count {format_bytes(counted[name]):>11}  "
+          f"x{e.model_states_total / counted[name]:.3f}")
+print()
 for name, e in results.items():
     on = [p.name for p in presets if fits[name][p.name]]
-    print(f"{name:<20} peak {format_bytes(e.peak):>10}: fits {', '.join(on) if on else 'none of the four'}")
+    print(f"{name:<24} peak {format_bytes(e.peak):>10}: fits {', '.join(on) if on else 'none of the four'}")
 margin = t4.usable - lora.peak
 low, high = 300 * MiB, 600 * MiB  # the range assumed for a CUDA context (vramlab.sim.presets)
 print(f"\nLoRA on the T4: peak {format_bytes(lora.peak)} against {format_bytes(t4.usable)} usable, "
@@ -131,6 +151,10 @@ print(f"predicted to fit the H200: {guess(prediction_fits_h200)}; estimated: {[k
 #   parameters, and the foreach AdamW step adds a parameter-sized temporary (the "opt state"
 #   column is read at the peak, inside the optimizer step, so it includes the step's
 #   temporaries). No 80 GB card holds that; the H200's usable memory is compared with it above.
+# - **bf16-mixed** keeps those 16 bytes: its model states are fp32's to the byte, and so is its
+#   peak, which falls inside the optimizer step, after the activations are gone. Mixed precision
+#   buys speed and smaller activations (lesson 08), not smaller model states, on one card; sharding
+#   them is lesson 10's subject.
 # - **bf16** halves every byte; **8-bit state** halves the moments again (4 bytes per parameter
 #   to 2) and cuts the peak by a third, while the dequantised float32 temporaries of its step (one
 #   parameter at a time, here up to the 131 M-entry embedding) eat part of the saving.
@@ -152,6 +176,9 @@ assert eight.peak < 0.8 * full16.peak  # 8-bit state: a third less
 assert eight.breakdown["optimizer_state"] < 0.5 * full16.breakdown["optimizer_state"]
 assert lora.breakdown["gradients"] < 0.01 * full16.breakdown["gradients"]  # adapters only
 assert lora.peak < 0.3 * full16.peak  # the frozen base holds most of it
+for name, e in results.items():  # the model states are the bytes-per-parameter count (8-bit: its block scales)
+    assert abs(e.model_states_total / counted[name] - 1) < 0.01, name
+assert mixed.model_states == full32.model_states and mixed.peak >= full32.peak  # mixed keeps fp32's states
 
 # %% [markdown]
 # ## Exercises
@@ -180,7 +207,7 @@ print(f"1. fp32 SGD-momentum: {sgd['total']:.0f} bytes per parameter, {format_by
 
 # solution 2: the LoRA step with 4 sequences of 512 tokens
 build_lora, _, optim_lora = configs["frozen base + LoRA"]
-lora4 = vramlab.estimate(build_lora, big_batch, batch_size=4, optimizer=optim_lora, dtype=torch.bfloat16,
+lora4 = vramlab.estimate(build_lora, big_batch, batch_size=4, optimizer=optim_lora, precision="bf16-true",
                          loss_fn=lm_loss_fp32, device="T4")
 print(f"2. LoRA, 4 sequences: peak {format_bytes(lora4.peak)} against the T4's {format_bytes(t4.usable)} usable "
       f"({'fits' if lora4.peak <= t4.usable else 'short by ' + format_bytes(lora4.peak - t4.usable)}); "
