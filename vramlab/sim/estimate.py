@@ -36,6 +36,7 @@ All sizes are in bytes.
 
 from __future__ import annotations
 
+import functools
 import html
 import time
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from .ranks import check_world_size, fake_process_group  # noqa: E402
 from .step import (OPTIMIZERS, apply_checkpoint, build_on_meta, check_args, checkpoint_modules,  # noqa: E402
                    count_params, init_parameters, make_optimizer, materialize, run_steps)
 from .strategies import (STRATEGIES, ZeRO1, ZeRO2, device_mesh, optimizer_class, prepare,  # noqa: E402
-                         ranks_to_estimate, resolve_strategy)
+                         ranks_to_estimate, resolve_strategy, zero2_candidates, zero_partition)
 from .virtual_gpu import VirtualGPU  # noqa: E402
 
 __all__ = ["Estimate", "estimate", "Target", "target", "make_estimate", "MODEL_STATES", "OPTIMIZERS"]
@@ -187,6 +188,28 @@ class Estimate:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
 
 
+def _note_ready(ready: list[tuple[int, int]], index: dict[int, int], acct: Ledger, p: Any) -> None:
+    """A post-accumulate-grad hook: ``p``'s gradient is ready; note its index and the most bytes
+    held since the previous gradient was ready."""
+    ready.append((index[id(p)], max(acct.window_peak, acct.allocated)))
+    acct.window_peak = acct.allocated
+
+
+def _zero2_more_ranks(params: list[Any], ready: list[tuple[int, int]], acct: Ledger, world_size: int) -> list[int]:
+    """After rank 0's ZeRO-2 run: the ranks that may peak above it
+    (:func:`~vramlab.sim.strategies.zero2_candidates`), from its last backward (the order its
+    gradients became ready, with the bytes it held) and the bytes per element its partition holds."""
+    n = len(params)
+    last = ready[-n:] if len(ready) >= n else ready
+    numels = [p.numel() for p in params]
+    owned = zero_partition(numels, world_size)[0]
+    states = acct.after_step or {}
+    working = sum(p.numel() * p.element_size() for p in params)
+    per_element = (states.get("parameters", 0) - working + states.get("optimizer_state", 0)) / owned if owned else 0.0
+    grad_bytes = float(params[0].element_size()) if params else 0.0
+    return zero2_candidates(numels, last, world_size, grad_bytes, max(per_element, 0.0), acct.peak)
+
+
 # --------------------------------------------------------------------------- the device
 
 
@@ -276,8 +299,9 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             of :mod:`vramlab.sim.strategies`' ``DDP``/``ZeRO1``/``ZeRO2``/``FSDP`` with
             options; it runs torch's own wrapper on a fake process group (see that module).
         rank: with a strategy, the one rank to estimate, or ``"all"`` for every rank; default:
-            for ZeRO rank 0 and the rank the partition rule gives the most elements (the higher
-            peak is reported, ``rank_peaks`` has both), rank 0 for DDP and FSDP (their ranks hold alike).
+            for ZeRO rank 0, the rank the partition rule gives the most elements and, under ZeRO-2,
+            the ranks that may peak at the end of backward (the highest peak is reported,
+            ``rank_peaks`` has those run), rank 0 for DDP and FSDP (their ranks hold alike).
 
     Returns:
         An :class:`Estimate` (``.peak``, ``.breakdown``, ``.fits``, ``.device``).
@@ -341,6 +365,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                      "ZeRO-2, and this is not verified against DeepSpeed")
     probe = build_on_meta(build_model, plan.model_dtype)
     ranks = ranks_to_estimate(strat, probe, ws, rank)
+    record: Optional[list[tuple[int, int]]] = [] if isinstance(strat, ZeRO2) and rank is None and 0 in ranks else None
     n_params = count_params(probe)
     del probe
     best: Optional[tuple[int, Ledger, Any, Any, int]] = None
@@ -359,6 +384,11 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                         ckpt = len(checkpoint_modules(model, checkpoint))
                         model, opt, extra = prepare(strat, model, plan, optimizer, tgt.cuda_like, acct, hooks, mesh,
                                                     checkpoint)
+                        if r == 0 and record is not None:  # the order in which gradients become ready
+                            params = [p for p in model.parameters() if p.requires_grad]
+                            index = {id(p): i for i, p in enumerate(params)}
+                            note = functools.partial(_note_ready, record, index, acct)
+                            extra.extend(p.register_post_accumulate_grad_hook(note) for p in params)
                         scaler = LossScaler("cpu") if plan.scale_loss else None
                         run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
                 finally:
@@ -366,13 +396,19 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                         h.remove()
                     hooks.remove()
         peaks[r] = acct.peak
+        if r == 0 and record is not None:
+            for c in _zero2_more_ranks(params, record, acct, ws):
+                if c not in ranks:
+                    ranks.append(c)
+            del params
         if best is None or acct.peak > best[1].peak:
             best = (r, acct, model, opt, ckpt)  # alive until the result: ``after`` is what a rank keeps
         del model, opt
     assert best is not None
     r, won, _model, _opt, ckpt = best
     if len(ranks) > 1:
-        which = "every rank" if rank == "all" else f"ranks {', '.join(map(str, ranks))} (rank 0 and the busiest partition)"
+        which = "every rank" if rank == "all" else \
+            f"ranks {', '.join(map(str, sorted(ranks)))} (rank 0 and those the partition rule may make the busiest)"
         notes.append(f"the figures are rank {r}'s, the highest peak of {which} "
                      f"({format_bytes(min(peaks.values()))} to {format_bytes(max(peaks.values()))})")
     return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,

@@ -150,6 +150,8 @@ class Ledger(TorchDispatchMode):
         self.on_oom = on_oom
         self.allocated = 0
         self.peak = 0
+        #: the highest ``allocated`` since someone last set it (to ``allocated``): a peak over a window
+        self.window_peak = 0
         self.num_ooms = 0
         self.cats: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.peak_cats: dict[str, int] = dict(self.cats)
@@ -193,6 +195,8 @@ class Ledger(TorchDispatchMode):
         return not is_fake and t.device.type == "cpu"
 
     def _bump_peak(self) -> None:
+        if self.allocated > self.window_peak:
+            self.window_peak = self.allocated
         if self.allocated > self.peak:
             self.peak = self.allocated
             self.peak_cats = dict(self.cats)

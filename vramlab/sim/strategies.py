@@ -30,9 +30,10 @@ is counted by the estimate's ledger. The strategies:
   (each child of an ``nn.ModuleList``/``nn.Sequential`` that has parameters is a unit, then
   the root), and materialised with ``to_empty``, as FSDP2's documentation does it.
 
-For ZeRO the ranks hold different partitions: the rank the partition rule gives the most
-elements (:func:`zero_partition`, torch's own greedy rule) and rank 0 are estimated and the
-higher peak is reported (``rank="all"`` estimates every rank); DDP's ranks are alike, and FSDP's nearly (every
+For ZeRO the ranks hold different partitions: rank 0, the rank the partition rule gives the
+most elements (:func:`zero_partition`, torch's own greedy rule) and, under ZeRO-2, the ranks
+that may peak at the end of backward (:func:`zero2_candidates`) are estimated and the highest
+peak is reported (``rank="all"`` estimates every rank); DDP's ranks are alike, and FSDP's nearly (every
 shard's storage is padded to the same size; the last rank's unpadded shard is smaller, and
 measured its peak lower by a few KiB): rank 0, the highest, is estimated. ``batch_size`` is per rank.
 
@@ -80,7 +81,7 @@ from .step import (apply_checkpoint, checkpoint_modules, default_units, init_par
                    make_optimizer, materialize, optimizer_spec)
 
 __all__ = ["DDP", "ZeRO1", "ZeRO2", "FSDP", "Strategy", "STRATEGIES", "resolve_strategy", "prepare",
-           "optimizer_class", "device_mesh", "zero_partition", "ranks_to_estimate"]
+           "optimizer_class", "device_mesh", "zero_partition", "zero_owners", "zero2_candidates", "ranks_to_estimate"]
 
 
 @dataclass(frozen=True)
@@ -140,21 +141,33 @@ def resolve_strategy(spec: Any) -> Strategy:
 
 
 
-def zero_partition(numels: Iterable[int], world_size: int) -> list[int]:
-    """Elements each rank's ZeRO partition holds, by ZeroRedundancyOptimizer's own rule
-    (``_partition_parameters``: parameters sorted by size, largest first, each given to the
-    rank holding the fewest elements so far, the lowest such rank on a tie)."""
+def zero_owners(numels: list[int], world_size: int) -> list[int]:
+    """The rank that owns each parameter (in the order given) under ZeroRedundancyOptimizer's
+    own rule (``_partition_parameters``: parameters sorted by size, largest first, stably, each
+    given to the rank holding the fewest elements so far, the lowest such rank on a tie)."""
     sizes = [0] * world_size
-    for n in sorted(numels, reverse=True):
+    owners = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
         r = sizes.index(min(sizes))
+        owners[i] = r
+        sizes[r] += numels[i]
+    return owners
+
+
+def zero_partition(numels: Iterable[int], world_size: int) -> list[int]:
+    """Elements each rank's ZeRO partition holds (:func:`zero_owners`' rule)."""
+    numels = list(numels)
+    sizes = [0] * world_size
+    for n, r in zip(numels, zero_owners(numels, world_size)):
         sizes[r] += n
     return sizes
 
 
 def ranks_to_estimate(strategy: Strategy, model: nn.Module, world_size: int, rank: Any) -> list[int]:
-    """The ranks an estimate runs: ``rank`` itself; every rank for ``rank="all"``; for ZeRO
-    without a rank, rank 0 and the rank whose partition holds the most elements (the others
-    hold less state and receive no more); rank 0 for DDP and FSDP (their ranks hold alike)."""
+    """The ranks an estimate runs first: ``rank`` itself; every rank for ``rank="all"``; for
+    ZeRO without a rank, rank 0 and the rank whose partition holds the most elements (then
+    :func:`zero2_candidates` adds the ranks that may peak at the end of backward); rank 0 for
+    DDP and FSDP (their ranks hold alike)."""
     if rank == "all":
         return list(range(world_size))
     if rank is not None:
@@ -164,6 +177,38 @@ def ranks_to_estimate(strategy: Strategy, model: nn.Module, world_size: int, ran
     sizes = zero_partition([p.numel() for p in model.parameters() if p.requires_grad], world_size)
     busiest = sizes.index(max(sizes))
     return sorted({0, busiest})
+
+
+def zero2_candidates(numels: list[int], ready: list[tuple[int, int]], world_size: int, grad_bytes: float,
+                     state_bytes: float, peak0: int, most: int = 3) -> list[int]:
+    """ZeRO-2's ranks that may peak above rank 0, most likely first (at most ``most``).
+
+    A ZeRO-2 rank keeps the gradients it owns as they become ready and the state of its whole
+    partition, on top of what every rank holds alike. From rank 0's run, ``ready`` gives each
+    gradient's parameter index, in the order it became ready, with the bytes rank 0 held at
+    moment (the most since the previous gradient), and ``peak0`` its peak. Rank ``r`` then holds
+    about rank 0's bytes plus ``grad_bytes`` per element of its ready gradients and
+    ``state_bytes`` per element of its partition, less rank 0's (its gradients counted as before
+    the window's last one, rank ``r``'s as after it: an overestimate, on purpose): the ranks whose highest such moment (or whose optimizer step,
+    where every owned gradient is present) passes ``peak0`` are returned, highest first. An
+    approximation between gradients; the estimate runs each returned rank exactly.
+    """
+    owners = zero_owners(numels, world_size)
+    total = [0] * world_size
+    for n, r in zip(numels, owners):
+        total[r] += n
+    have = [0] * world_size
+    step = [peak0 + (state_bytes + grad_bytes) * (total[r] - total[0]) for r in range(world_size)]
+    best = list(step)
+    for i, held0 in ready:
+        before0 = have[0]  # the window's peak may come before this gradient is there on rank 0,
+        have[owners[i]] += numels[i]  # and after it is there on rank r: count it both ways
+        for r in range(1, world_size):
+            guess = held0 + grad_bytes * (have[r] - before0) + state_bytes * (total[r] - total[0])
+            if guess > best[r]:
+                best[r] = guess
+    above = [r for r in range(1, world_size) if best[r] > peak0]
+    return sorted(above, key=lambda r: (-best[r], r))[:most]
 
 
 def optimizer_class(spec: Any) -> type:
