@@ -106,10 +106,10 @@ def test_small_requests_pack_into_2_mib_segments() -> None:
 # --------------------------------------------------------------------------- fragmentation and OOM
 
 
-def _pinned(conf: AllocConf = AllocConf()) -> tuple[CachingAllocator, list]:
+def _pinned() -> tuple[CachingAllocator, list]:
     """Three 20 MiB segments, each holding a 2 MiB tensor that stays and an 18 MiB one freed:
     60 MiB reserved on a 60 MiB device, 54 MiB of it cached but in three separate pieces."""
-    a = CachingAllocator(60 * MiB, conf)
+    a = CachingAllocator(60 * MiB)
     a.record_trace = True
     keep, drop = [], []
     for _ in range(3):  # all six first: a freed 18 MiB piece would take the next 2 MiB tensor (best fit)
