@@ -861,7 +861,7 @@ class CachingAllocator:
                 elif runs[-1]:
                     runs.append([])
             for run in (r for r in runs if r):
-                blocks = [{"address": b.address, "size": b.size, "requested_size": b.requested,
+                blocks: list[dict[str, Any]] = [{"address": b.address, "size": b.size, "requested_size": b.requested,
                            "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in run]
                 used = sum(b.size for b in run if b.allocated)
                 segs.append({
