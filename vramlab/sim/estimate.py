@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import html
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -50,6 +51,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ..units import format_bytes, parse_size  # noqa: E402
+from .allocator import AllocConf, CachingAllocator  # noqa: E402
 from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storage_resize  # noqa: E402
 from .precision import LossScaler, MasterWeights, Precision, resolve_precision  # noqa: E402
 from .presets import get_preset  # noqa: E402
@@ -58,9 +60,10 @@ from .step import (OPTIMIZERS, apply_checkpoint, build_on_meta, check_args, chec
                    count_params, init_parameters, make_optimizer, materialize, run_steps)
 from .strategies import (STRATEGIES, ZeRO1, ZeRO2, device_mesh, optimizer_class, prepare,  # noqa: E402
                          ranks_to_estimate, resolve_strategy, zero2_candidates, zero_partition)
-from .virtual_gpu import VirtualGPU  # noqa: E402
+from .virtual_gpu import ALLOCATORS, VirtualGPU  # noqa: E402
 
-__all__ = ["Estimate", "estimate", "Target", "target", "make_estimate", "MODEL_STATES", "OPTIMIZERS"]
+__all__ = ["Estimate", "estimate", "Target", "target", "make_estimate", "MODEL_STATES", "OPTIMIZERS",
+           "allocator_conf"]
 
 #: The model states' categories (:attr:`Estimate.model_states`).
 MODEL_STATES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state")
@@ -95,6 +98,11 @@ class Estimate:
             ``optimizer_state``; empty without an optimizer step. The ZeRO paper's "model states".
         precision: the precision's name (``"32-true"``, ``"bf16-mixed"``, ...: :mod:`vramlab.sim.precision`).
         checkpoint: how many modules were checkpointed (``checkpoint=``), 0 for none.
+        peak_reserved: with ``allocator="caching"``, the highest bytes PyTorch's caching allocator
+            held in segments (``max_memory_reserved``): what the card must have, the context aside;
+            ``fits`` then compares it with the budget. ``None`` with exact accounting.
+        allocator: ``"exact"`` (each storage's bytes, 512-byte blocks on a CUDA preset) or
+            ``"caching"`` (:mod:`vramlab.sim.allocator`: blocks and segments as PyTorch's).
     """
 
     peak: int
@@ -120,6 +128,8 @@ class Estimate:
     model_states: dict[str, int] = field(default_factory=dict)
     precision: str = "32-true"
     checkpoint: int = 0
+    peak_reserved: Optional[int] = None
+    allocator: str = "exact"
 
     @property
     def model_states_total(self) -> int:
@@ -128,16 +138,23 @@ class Estimate:
 
     @property
     def headroom(self) -> Optional[int]:
-        """``budget - peak`` (negative when it does not fit), or ``None`` without a device."""
-        return None if self.budget is None else self.budget - self.peak
+        """``budget - needed`` (negative when it does not fit), or ``None`` without a device."""
+        return None if self.budget is None else self.budget - self.needed
+
+    @property
+    def needed(self) -> int:
+        """What the verdict compares with the budget: ``peak_reserved`` with the caching
+        allocator, else ``peak`` (bytes)."""
+        return self.peak_reserved if self.peak_reserved is not None else self.peak
 
     def verdict(self) -> str:
         """One line: fits or not, and by how much."""
+        what = "reserved peak" if self.peak_reserved is not None else "peak"
         if self.fits is None:
-            return f"peak {format_bytes(self.peak)} (no device given)"
+            return f"{what} {format_bytes(self.needed)} (no device given)"
         word = "fits" if self.fits else "does NOT fit"
         h = self.headroom or 0
-        return (f"{word} on {self.device}: peak {format_bytes(self.peak)} of {format_bytes(self.budget)} usable "
+        return (f"{word} on {self.device}: {what} {format_bytes(self.needed)} of {format_bytes(self.budget)} usable "
                 f"({format_bytes(abs(h))} {'to spare' if h >= 0 else 'short'})")
 
     def text(self) -> str:
@@ -156,6 +173,9 @@ class Estimate:
             lines.append(f"  model states when the step ends {format_bytes(self.model_states_total)}: parameters "
                          f"{format_bytes(ms.get('parameters', 0))}, gradients {format_bytes(ms.get('gradients', 0))}, "
                          f"optimizer state {format_bytes(ms.get('optimizer_state', 0))}")
+        if self.peak_reserved is not None:
+            lines.append(f"  reserved by the caching allocator at most {format_bytes(self.peak_reserved)} "
+                         f"({format_bytes(self.peak_reserved - self.peak)} above the allocated peak)")
         if self.checkpoint:
             lines.append(f"  activation checkpointing on {self.checkpoint} modules")
         lines.append(f"  after the step {format_bytes(self.after)}; took {self.seconds:.2f} s")
@@ -186,6 +206,24 @@ class Estimate:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
+
+
+def allocator_conf(allocator: str, alloc_conf: Optional[str]) -> Optional[AllocConf]:
+    """The caching allocator's options for ``allocator="caching"`` (``alloc_conf`` or the
+    environment's ``PYTORCH_CUDA_ALLOC_CONF``), ``None`` for ``"exact"``; one ``ValueError`` else."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
+    if allocator == "exact":
+        if alloc_conf is not None:
+            raise ValueError("alloc_conf applies to allocator='caching'")
+        return None
+    return AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if alloc_conf is None else alloc_conf)
+
+
+def _books(conf: Optional[AllocConf]) -> Optional[CachingAllocator]:
+    """An unbounded caching allocator for an estimate's ledger (the verdict, not an OOM, says
+    whether it fits), or ``None``."""
+    return None if conf is None else CachingAllocator(1 << 62, conf)
 
 
 def _note_ready(ready: list[tuple[int, int]], index: dict[int, int], acct: Ledger, p: Any) -> None:
@@ -254,12 +292,15 @@ def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, 
     if parallel is not None:
         extra = dict(world_size=parallel[0], strategy=parallel[1], rank=parallel[2], rank_peaks=dict(parallel[3]))
     states = {k: acct.after_step[k] for k in MODEL_STATES} if acct.after_step is not None else {}
+    reserved = acct.allocator.peak_reserved if acct.allocator is not None else None
+    needed = reserved if reserved is not None else acct.peak
     return Estimate(
-        peak=acct.peak, breakdown=dict(acct.peak_cats), fits=None if budget is None else acct.peak <= budget,
+        peak=acct.peak, breakdown=dict(acct.peak_cats), fits=None if budget is None else needed <= budget,
         device=tgt.name, capacity=tgt.capacity, budget=budget, after=acct.allocated, parameters=n_params,
         batch_size=batch_size, step=step, steps=steps, dtype=prec.label,
         round_blocks=acct.round_blocks, method=method, seconds=time.perf_counter() - t0, notes=tuple(notes),
-        model_states=states, precision=prec.name, checkpoint=checkpointed, **extra)
+        model_states=states, precision=prec.name, checkpoint=checkpointed, peak_reserved=reserved,
+        allocator="caching" if acct.allocator is not None else "exact", **extra)
 
 
 def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
@@ -267,7 +308,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
              device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
              steps: Optional[int] = None, round_blocks: Optional[bool] = None, world_size: int = 1,
              strategy: Any = None, rank: Union[None, int, str] = None, precision: Optional[str] = None,
-             checkpoint: Any = None) -> Estimate:
+             checkpoint: Any = None, allocator: str = "exact", alloc_conf: Optional[str] = None) -> Estimate:
     """Estimate the peak memory of a step without allocating it (see module docs).
 
     Args:
@@ -284,6 +325,12 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             ``"bf16-true"``, ``"16-true"`` (what each means per strategy: :mod:`vramlab.sim.precision`).
         checkpoint: activation checkpointing: ``"layers"`` (each block of every
             ``nn.ModuleList``/``nn.Sequential``) or a predicate ``module -> bool``; ``None`` for none.
+        allocator: ``"exact"`` (default) or ``"caching"``: every storage gets a block from a model
+            of PyTorch's CUDA caching allocator (:mod:`vramlab.sim.allocator`), ``peak`` counts
+            block sizes as ``memory_allocated`` does, ``peak_reserved`` is reported and the verdict
+            compares it with the card.
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching allocator (default: the
+            environment's).
         step: ``"train"`` (forward, backward, optimizer step) or ``"inference"`` (forward
             under ``no_grad``).
         device: the verdict's device: a GPU preset (``"A100-80GB"``), a size (``"24GiB"``),
@@ -313,15 +360,17 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     tgt = target(device)
     prec = resolve_precision(precision, dtype)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
+    conf = allocator_conf(allocator, alloc_conf)
     if strategy is not None or world_size != 1:
         return _estimate_parallel(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, prec=prec,
                                   train=train, step=step, steps=steps, tgt=tgt, rb=rb, loss_fn=loss_fn,
-                                  world_size=world_size, strategy=strategy, rank=rank, checkpoint=checkpoint, t0=t0)
+                                  world_size=world_size, strategy=strategy, rank=rank, checkpoint=checkpoint, t0=t0,
+                                  conf=conf)
     plan = prec.plan(None)
     model = build_on_meta(build_model, plan.model_dtype)
     ckpt = checkpoint_modules(model, checkpoint)
     apply_checkpoint(ckpt)
-    acct = Ledger(None, round_blocks=rb, fake=True)
+    acct = Ledger(None, round_blocks=rb, fake=True, allocator=_books(conf))
     hooks = LedgerHooks(acct)
     with FakeTensorMode(allow_non_fake_inputs=True):
         hooks.install()
@@ -343,7 +392,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
 def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
                        optimizer: Any, prec: Precision, train: bool, step: str, steps: int, tgt: Target,
                        rb: bool, loss_fn: Any, world_size: int, strategy: Any, rank: Union[None, int, str],
-                       checkpoint: Any, t0: float) -> Estimate:
+                       checkpoint: Any, t0: float, conf: Optional[AllocConf] = None) -> Estimate:
     """One rank of a data-parallel step: torch's wrapper on a fake process group."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -372,7 +421,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     peaks: dict[int, int] = {}
     for r in ranks:
         model = build_on_meta(build_model, plan.model_dtype)  # built and cast before the fake mode and the ledger
-        acct = ShardLedger(None, round_blocks=rb, fake=True)
+        acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=_books(conf))
         hooks = LedgerHooks(acct)
         with fake_process_group(ws, r):
             mesh = device_mesh(strat)

@@ -90,14 +90,15 @@ def _free_when_collected(ledger: Any, key: int, _ref: Any) -> None:
     ledger._free(key)
 
 class _Rec:
-    __slots__ = ("raw", "counted", "cat", "ref", "saved")
+    __slots__ = ("raw", "counted", "cat", "ref", "saved", "block")
 
-    def __init__(self, raw: int, counted: int, cat: str) -> None:
+    def __init__(self, raw: int, counted: int, cat: str, block: Any = None) -> None:
         self.raw = raw          # storage nbytes as last seen
-        self.counted = counted  # bytes in the books (rounded when round_blocks)
+        self.counted = counted  # bytes in the books (rounded when round_blocks; the block's size with an allocator)
         self.cat = cat
         self.ref: Any = None
         self.saved = 0          # how many autograd saved-tensor slots hold it
+        self.block = block      # the caching allocator's block, with one
 
 
 class _Saved:
@@ -135,6 +136,9 @@ class Ledger(TorchDispatchMode):
         round_blocks: count each storage rounded up to :data:`CUDA_BLOCK_SIZE` bytes.
         fake: count fake tensors (``FakeTensorMode``) instead of real CPU tensors.
         on_oom: ``on_oom(requested, pending)`` builds the exception raised on overflow.
+        allocator: a :class:`~vramlab.sim.allocator.CachingAllocator`: each storage gets a block
+            from it and is counted by the block's size, and the allocator (not ``budget``)
+            decides when memory runs out, as PyTorch's caching allocator does on a CUDA card.
 
     Readings (bytes): ``allocated``, ``peak``, ``cats`` and ``peak_cats`` (per category of
     :data:`CATEGORIES`, now and at the peak), ``num_ooms``. Enter it (``with ledger:``) to
@@ -142,8 +146,10 @@ class Ledger(TorchDispatchMode):
     """
 
     def __init__(self, budget: Optional[int], *, round_blocks: bool = False, fake: bool = False,
-                 on_oom: Optional[Callable[[int, int], BaseException]] = None) -> None:
+                 on_oom: Optional[Callable[[int, int], BaseException]] = None, allocator: Any = None) -> None:
         super().__init__()
+        self.allocator = allocator
+        self._pending: dict[int, Any] = {}  # blocks taken for a resize before it runs (by storage id)
         self.budget = budget
         self.round_blocks = round_blocks
         self.fake = fake
@@ -208,8 +214,29 @@ class Ledger(TorchDispatchMode):
         return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
 
     def check(self, extra: int, pending: int = 0) -> None:
+        if self.allocator is not None:
+            return  # the allocator decides, when the block is asked for
         if self.budget is not None and extra > 0 and self.allocated + pending + extra > self.budget:
             raise self._oom(extra, pending)
+
+    def _malloc(self, raw: int) -> Any:
+        """A block for ``raw`` bytes from the allocator (``None`` for 0 bytes: CUDA gives no block),
+        or the OOM, built as ``on_oom`` builds it, with the segment size torch reports."""
+        if raw <= 0:
+            return None
+        from .allocator import AllocatorOOM
+
+        with self.lock:
+            try:
+                return self.allocator.malloc(raw)
+            except AllocatorOOM as e:
+                err = e
+        raise self._oom(err.requested, 0)
+
+    def _release(self, block: Any) -> None:
+        if block is not None:
+            with self.lock:
+                self.allocator.free(block)
 
     def _free(self, key: int) -> None:
         rec = self.table.pop(key, None)
@@ -217,10 +244,13 @@ class Ledger(TorchDispatchMode):
             with self.lock:
                 self.allocated -= rec.counted
                 self.cats[rec.cat] -= rec.counted
+                if rec.block is not None:
+                    self.allocator.free(rec.block)
+                    rec.block = None
 
-    def _add(self, st: torch.UntypedStorage, raw: int, counted: int, cat: str) -> None:
+    def _add(self, st: torch.UntypedStorage, raw: int, counted: int, cat: str, block: Any = None) -> None:
         key = id(st)
-        rec = _Rec(raw, counted, cat)
+        rec = _Rec(raw, counted, cat, block)
         rec.ref = weakref.ref(st, functools.partial(_free_when_collected, self, key))
         with self.lock:
             self.table[key] = rec
@@ -230,6 +260,21 @@ class Ledger(TorchDispatchMode):
     def _regrow(self, st: torch.UntypedStorage, rec: _Rec, check: bool = True) -> None:
         raw = st.nbytes()
         if raw == rec.raw:
+            self._release(self._pending.pop(id(st), None))
+            return
+        if self.allocator is not None:  # as CUDA resizes a storage: a new block, the copy, the old one freed
+            block = self._pending.pop(id(st), None)
+            if block is None and raw > 0:
+                block = self._malloc(raw)
+            old, rec.block = rec.block, block
+            with self.lock:
+                counted = block.size if block is not None else 0
+                delta = counted - rec.counted
+                rec.raw, rec.counted = raw, counted
+                self.allocated += delta
+                self.cats[rec.cat] += delta
+            self._bump_peak()
+            self._release(old)
             return
         counted = self.size_of(raw)
         delta = counted - rec.counted
@@ -244,15 +289,11 @@ class Ledger(TorchDispatchMode):
 
     def admit(self, storages: list[torch.UntypedStorage], cat: str) -> int:
         """Count new storages all-or-nothing; raise the OOM when they do not fit. Returns bytes."""
+        if self.allocator is not None:
+            return self._admit_blocks(storages, cat)
         sizes = []
         pending = 0
-        seen: set[int] = set()
-        for st in storages:
-            k = id(st)
-            if k in seen or k in self.table:
-                continue
-            seen.add(k)
-            raw = st.nbytes()
+        for st, raw in self._unseen(storages):
             counted = self.size_of(raw)
             self.check(counted, pending)
             pending += counted
@@ -261,6 +302,37 @@ class Ledger(TorchDispatchMode):
             self._add(st, raw, counted, cat)
         self._bump_peak()
         return pending
+
+    def _unseen(
+        self, storages: list[torch.UntypedStorage]
+    ) -> Iterator[tuple[torch.UntypedStorage, int]]:
+        """Each storage not yet counted, once, with its size in bytes."""
+        seen: set[int] = set()
+        for st in storages:
+            k = id(st)
+            if k in seen or k in self.table:
+                continue
+            seen.add(k)
+            yield st, st.nbytes()
+
+    def _admit_blocks(self, storages: list[torch.UntypedStorage], cat: str) -> int:
+        """:meth:`admit` with the allocator: a block per storage; on an OOM the blocks already
+        taken go back to the cache (reserved memory stays, as on a card) and nothing is counted."""
+        taken: list[tuple[torch.UntypedStorage, int, Any]] = []
+        try:
+            for st, raw in self._unseen(storages):
+                taken.append((st, raw, self._malloc(raw)))
+        except BaseException:
+            for _st, _raw, block in taken:
+                self._release(block)
+            raise
+        total = 0
+        for st, raw, block in taken:
+            n = block.size if block is not None else 0
+            self._add(st, raw, n, cat, block)
+            total += n
+        self._bump_peak()
+        return total
 
     @contextlib.contextmanager
     def category(self, cat: str) -> Iterator[None]:
@@ -336,14 +408,28 @@ class Ledger(TorchDispatchMode):
             return
         need = (t.storage_offset() + numel) * t.element_size() if numel > 0 else 0
         if need > rec.raw:
-            self.check(self.size_of(int(need)) - rec.counted)
+            if self.allocator is not None:  # the new block before the op runs: its OOM leaves nothing changed
+                self._release(self._pending.pop(id(st), None))
+                self._pending[id(st)] = self._malloc(int(need))
+            else:
+                self.check(self.size_of(int(need)) - rec.counted)
 
     def storage_resize(self, orig: Callable[..., Any], st: torch.UntypedStorage, size: int) -> Any:
         """``UntypedStorage.resize_`` while active: check, resize, update the books."""
         rec = self.table.get(id(st))
         if rec is not None:
-            self.check(self.size_of(int(size)) - rec.counted)
-        out = orig(st, size)
+            if self.allocator is not None:
+                self._release(self._pending.pop(id(st), None))
+                if int(size) > 0 and int(size) != rec.raw:
+                    self._pending[id(st)] = self._malloc(int(size))
+            else:
+                self.check(self.size_of(int(size)) - rec.counted)
+        try:
+            out = orig(st, size)
+        except BaseException:
+            if self.allocator is not None:
+                self._release(self._pending.pop(id(st), None))
+            raise
         if rec is not None:
             self._regrow(st, rec, check=False)
         return out

@@ -16,6 +16,7 @@ All sizes are in bytes.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 from ..model import DeviceSnapshot
 from ..reconcile import device_layers, register_device_provider, unregister_device_provider
 from ..units import format_bytes, parse_size
+from .allocator import AllocConf, CachingAllocator
 from .ledger import CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, ShardLedger, counted_storage_resize, storage_of
 from .presets import get_preset
 
@@ -39,7 +41,13 @@ __all__ = [
     "CUDA_BLOCK_SIZE",
     "cuda_format_size",
     "cuda_oom_message",
+    "ALLOCATORS",
 ]
+
+#: ``VirtualGPU(allocator=...)``: ``"caching"`` models PyTorch's CUDA caching allocator
+#: (:mod:`vramlab.sim.allocator`), ``"exact"`` counts each storage's bytes (512-byte blocks with
+#: ``round_blocks``) and nothing cached.
+ALLOCATORS: tuple[str, ...] = ("caching", "exact")
 
 _ACTIVE: Optional["VirtualGPU"] = None
 _ACTIVE_LOCK = threading.Lock()
@@ -63,17 +71,21 @@ def cuda_format_size(n: int) -> str:
 
 
 def cuda_oom_message(requested: int, total: int, free: int, process_used: int, allocated: int,
-                     name: Optional[str] = None) -> str:
+                     name: Optional[str] = None, reserved: Optional[int] = None) -> str:
     """The text of CUDA's caching-allocator OOM (torch 2.x wording), for GPU 0, in bytes,
-    followed by one sentence saying that the device is vramlab's virtual GPU."""
+    followed by one sentence saying that the device is vramlab's virtual GPU. ``reserved``:
+    what the caching allocator holds (``None``: exact accounting, nothing cached)."""
     where = f"vramlab's virtual GPU{f' {name!r}' if name else ''} (virtual:0), simulated on the CPU"
+    cached = 0 if reserved is None else reserved - allocated
+    hint = (" If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "to avoid fragmentation." if reserved is not None else "")
     return (
         f"CUDA out of memory. Tried to allocate {cuda_format_size(requested)}. "
         f"GPU 0 has a total capacity of {cuda_format_size(total)} of which {cuda_format_size(max(free, 0))} is free. "
         f"Including non-PyTorch memory, this process has {cuda_format_size(process_used)} memory in use. "
-        f"Of the allocated memory {cuda_format_size(allocated)} is allocated by PyTorch, and 0 bytes is reserved "
-        f"by PyTorch but unallocated. This device is {where}: the allocation was refused and nothing of it "
-        f"is counted."
+        f"Of the allocated memory {cuda_format_size(allocated)} is allocated by PyTorch, and "
+        f"{cuda_format_size(cached)} is reserved by PyTorch but unallocated.{hint} This device is {where}: "
+        f"the allocation was refused and nothing of it is counted."
     )
 
 
@@ -149,12 +161,24 @@ class VirtualGPU:
     """
 
     def __init__(self, capacity: Union[int, str], name: Optional[str] = None, *, round_blocks: bool = False,
-                 context_overhead: Optional[int] = None, count_shards: bool = False) -> None:
+                 context_overhead: Optional[int] = None, count_shards: bool = False, allocator: str = "exact",
+                 alloc_conf: Optional[str] = None) -> None:
         spec = _resolve_capacity(capacity, name, context_overhead)
         self._spec = spec
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
+        self.allocator_kind = allocator
+        self._alloc: Optional[CachingAllocator] = None
+        if allocator == "caching":
+            conf = AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if alloc_conf is None else alloc_conf)
+            self._alloc = CachingAllocator(spec.capacity - spec.context, conf)
+            round_blocks = True  # every block is a multiple of 512 bytes
+        elif alloc_conf is not None:
+            raise ValueError("alloc_conf applies to allocator='caching'")
         self.round_blocks = bool(round_blocks)
         books = ShardLedger if count_shards else Ledger
-        self._acct = books(spec.capacity - spec.context, round_blocks=self.round_blocks, on_oom=self._make_oom)
+        self._acct = books(spec.capacity - spec.context, round_blocks=self.round_blocks, on_oom=self._make_oom,
+                           allocator=self._alloc)
         self._hooks = LedgerHooks(self._acct)
         self._resize: Optional[contextlib.ExitStack] = None
         self._active = False
@@ -209,8 +233,69 @@ class VirtualGPU:
 
     @property
     def free(self) -> int:
-        """Bytes still available to tensors: ``budget - allocated``."""
-        return self.budget - self._acct.allocated
+        """Bytes still available: ``budget - allocated`` (exact accounting), or the device's free
+        memory ``budget - reserved`` with the caching allocator (``cudaMemGetInfo``'s, the
+        context aside: cached blocks are not free to other processes)."""
+        return self.budget - self.reserved
+
+    @property
+    def reserved(self) -> int:
+        """Bytes the caching allocator holds in segments (``torch.cuda.memory_reserved``):
+        allocated plus cached; ``allocated`` with exact accounting."""
+        return self._alloc.reserved if self._alloc is not None else self._acct.allocated
+
+    @property
+    def max_reserved(self) -> int:
+        """The highest :attr:`reserved` (``torch.cuda.max_memory_reserved``), in bytes."""
+        return self._alloc.peak_reserved if self._alloc is not None else self._acct.peak
+
+    @property
+    def alloc_conf(self) -> Optional[AllocConf]:
+        """The caching allocator's options (``PYTORCH_CUDA_ALLOC_CONF``), or ``None``."""
+        return self._alloc.conf if self._alloc is not None else None
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: give cached segments back (nothing to do with exact accounting)."""
+        if self._alloc is not None:
+            with self._acct.lock:
+                self._alloc.empty_cache()
+
+    def memory_stats(self) -> dict[str, Any]:
+        """``torch.cuda.memory_stats()``, with torch's key names (bytes and counts). With exact
+        accounting the allocator keys describe one block per storage and nothing cached."""
+        if self._alloc is not None:
+            with self._acct.lock:
+                return self._alloc.memory_stats()
+        a, p = self._acct.allocated, self._acct.peak
+        out: dict[str, Any] = {}
+        for name in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+            out[f"{name}.all.current"], out[f"{name}.all.peak"] = a, p
+        out["inactive_split_bytes.all.current"] = 0
+        out["num_ooms"] = self._acct.num_ooms
+        out["num_alloc_retries"] = 0
+        return out
+
+    def memory_snapshot(self) -> list[dict[str, Any]]:
+        """``torch.cuda.memory_snapshot()``: the segments and their blocks (caching allocator only)."""
+        if self._alloc is None:
+            raise ValueError("memory_snapshot() needs VirtualGPU(..., allocator='caching')")
+        with self._acct.lock:
+            return list(self._alloc.snapshot()["segments"])
+
+    def record_memory_history(self, enabled: bool = True) -> None:
+        """``torch.cuda.memory._record_memory_history``: record the allocator's trace (alloc, free,
+        segment events) for :meth:`memory_dump`."""
+        if self._alloc is None:
+            raise ValueError("record_memory_history() needs VirtualGPU(..., allocator='caching')")
+        self._alloc.record_trace = bool(enabled)
+
+    def memory_dump(self) -> dict[str, Any]:
+        """``torch.cuda.memory._snapshot()``: ``{"segments", "device_traces"}``, which
+        ``torch.cuda._memory_viz`` renders (``segsum``, ``trace``, ``segment_plot``)."""
+        if self._alloc is None:
+            raise ValueError("memory_dump() needs VirtualGPU(..., allocator='caching')")
+        with self._acct.lock:
+            return self._alloc.snapshot()
 
     @property
     def num_ooms(self) -> int:
@@ -223,8 +308,11 @@ class VirtualGPU:
         return self._active
 
     def reset_peak(self) -> None:
-        """Set the peak (and its breakdown) to what is allocated now."""
+        """Set the peak (and its breakdown) to what is allocated now, and the allocator's peaks."""
         self._acct.reset_peak()
+        if self._alloc is not None:
+            with self._acct.lock:
+                self._alloc.reset_peak()
 
     def breakdown(self, at: str = "current") -> dict[str, int]:
         """Bytes per category, now (``at="current"``) or at the peak (``at="peak"``).
@@ -325,6 +413,11 @@ class VirtualGPU:
     # ---------------------------------------------------------------- OOM
 
     def _make_oom(self, requested: int, pending: int) -> BaseException:
+        if self._alloc is not None:  # what the caching allocator holds, as torch reports it
+            used = self._alloc.reserved + self._spec.context
+            return torch.OutOfMemoryError(cuda_oom_message(
+                requested, self._spec.capacity, self._spec.capacity - used, used, self._alloc.allocated,
+                self._spec.name, reserved=self._alloc.reserved))
         alloc = self._acct.allocated + pending
         used = alloc + self._spec.context
         return torch.OutOfMemoryError(cuda_oom_message(
@@ -335,16 +428,21 @@ class VirtualGPU:
     def device_snapshot(self) -> Any:
         """This device as a :class:`vramlab.DeviceSnapshot` (``virtual:0``), in bytes."""
         alloc = self._acct.allocated
-        used = alloc + self._spec.context
         total = self._spec.capacity
+        reserved, peak_reserved, inactive, retries = alloc, self._acct.peak, 0, 0
+        if self._alloc is not None:  # what nvidia-smi would show: the context plus PyTorch's segments
+            st = self.memory_stats()
+            reserved, peak_reserved = st["reserved_bytes.all.current"], st["reserved_bytes.all.peak"]
+            inactive, retries = st["inactive_split_bytes.all.current"], st["num_alloc_retries"]
+        used = reserved + self._spec.context
         return DeviceSnapshot(
             id="virtual:0", kind="virtual", name=self.name, uuid=None, source="virtual", nvml_index=None,
             total=total, free=max(total - used, 0), used=used, driver_reserved=None, process_used=used,
-            other_processes_used=0, utilization=None, torch_allocated=alloc, torch_reserved=alloc,
-            torch_active=alloc, torch_inactive_split=0, torch_peak_allocated=self._acct.peak,
-            torch_peak_reserved=self._acct.peak, num_ooms=self._acct.num_ooms, num_alloc_retries=0,
+            other_processes_used=0, utilization=None, torch_allocated=alloc, torch_reserved=reserved,
+            torch_active=alloc, torch_inactive_split=inactive, torch_peak_allocated=self._acct.peak,
+            torch_peak_reserved=peak_reserved, num_ooms=self._acct.num_ooms, num_alloc_retries=retries,
             mem_info_free=max(total - used, 0), mem_info_total=total, unified_memory=False,
-            layers=device_layers(total, used, process_used=used, torch_reserved=alloc, torch_allocated=alloc),
+            layers=device_layers(total, used, process_used=used, torch_reserved=reserved, torch_allocated=alloc),
         )
 
     def _devices(self) -> list:
