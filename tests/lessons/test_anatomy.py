@@ -20,9 +20,10 @@ def _no_leftover_gpu():
         gpu.__exit__(None, None, None)
 
 
-def setup(round_blocks=False):
+def setup(round_blocks=False, allocator="exact"):
+    """Exact accounting by default: bytes per parameter are the tensors' own."""
     torch.manual_seed(0)
-    dev = vramlab.pick_device(virtual="1GiB", force_virtual=True, round_blocks=round_blocks)
+    dev = vramlab.pick_device(virtual="1GiB", force_virtual=True, round_blocks=round_blocks, allocator=allocator)
     model = dev.put(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)))
     n = sum(p.numel() for p in model.parameters())
     make_batch = lambda: (torch.randn(64, 256), torch.randint(0, 10, (64,)))  # noqa: E731
@@ -35,9 +36,9 @@ def test_storage_bytes_counts_shared_storage_once_and_rounds():
     assert storage_bytes([a], round_blocks=True) == 512
 
 
-@pytest.mark.parametrize("round_blocks", [False, True])
-def test_parts_add_up_to_allocated(round_blocks):
-    dev, model, n, make_batch = setup(round_blocks)
+@pytest.mark.parametrize("round_blocks,allocator", [(False, "exact"), (True, "exact"), (True, "caching")])
+def test_parts_add_up_to_allocated(round_blocks, allocator):
+    dev, model, n, make_batch = setup(round_blocks, allocator)
     opt = torch.optim.Adam(model.parameters())
     an = trace_step(dev, model, make_batch, opt, steps=2)
     names = [(p.step, p.name) for p in an.phases]

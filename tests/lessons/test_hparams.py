@@ -49,8 +49,12 @@ def test_feasible_grid_reraises_other_errors():
         feasible_grid(step, [1], [1], budget=1)
 
 
-def test_feasible_grid_on_a_virtual_gpu_catches_real_ooms():
-    gpu = VirtualGPU("8MiB")
+@pytest.mark.parametrize("allocator,frontier", [
+    ("exact", [4]),
+    ("caching", [1]),  # 1 MiB fits a 2 MiB small-pool segment; 2 MiB asks a 20 MiB segment of an 8 MiB card
+])
+def test_feasible_grid_on_a_virtual_gpu_catches_real_ooms(allocator, frontier):
+    gpu = VirtualGPU("8MiB", allocator=allocator)
 
     def step(n, _):
         with gpu:
@@ -60,7 +64,7 @@ def test_feasible_grid_on_a_virtual_gpu_catches_real_ooms():
         return gpu.peak
 
     g = feasible_grid(step, [1, 2, 4, 16], [0], budget=8 * 2**20)
-    assert g.frontier() == [4] and g.peak[3][0] is None and gpu.allocated == 0
+    assert g.frontier() == frontier and g.peak[3][0] is None and gpu.allocated == 0
 
 
 def test_convnet_shapes_and_checkpointing_saves_memory():

@@ -63,11 +63,14 @@ def test_quantize_weights_shrinks_model_bytes_and_counts_on_virtual_gpu():
     assert isinstance(q8[0], QuantLinear) and isinstance(model[0], nn.Linear)  # a copy by default
     assert model_bytes(q8) <= 0.30 * fp32
     assert model_bytes(q4) <= 0.17 * fp32
-    gpu = VirtualGPU("1GiB")
+    gpu = VirtualGPU("1GiB", allocator="exact")
     with gpu:
         pass
     added = gpu.adopt(q8)
     assert added == model_bytes(q8)
+    cached = VirtualGPU("1GiB")  # the caching allocator: each storage in 512-byte blocks
+    blocks = sum(-(-t.untyped_storage().nbytes() // 512) * 512 for t in [*q8.parameters(), *q8.buffers()])
+    assert cached.adopt(q8) == blocks > added
     with gpu:
         y = q8(torch.randn(3, 256))
     assert y.shape == (3, 10)

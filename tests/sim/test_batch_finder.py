@@ -45,10 +45,27 @@ def test_exact_for_other_sizes_within_the_trial_bound(capacity_mib, fixed_mib):
         c = torch.empty(b * MiB, dtype=torch.uint8)
         del a, c
 
-    r = find_max_batch_size(step, device=capacity_mib * MiB)
+    r = find_max_batch_size(step, device=VirtualGPU(capacity_mib * MiB, allocator="exact"))
     best = capacity_mib - fixed_mib
     assert r.max_batch_size == best
     assert r.num_trials <= 2 * math.log2(best) + 2
+
+
+@pytest.mark.parametrize("capacity_mib,fixed_mib,best", [
+    (100, 3, 80),  # 3 MiB takes a 20 MiB segment; b > 17 MiB needs its own: 20 + b <= 100
+    (1024, 1, 1022),  # 1 MiB sits in a 2 MiB small-pool segment; b MiB >= 10 MiB: 2 + b <= 1024
+    (12, 10, 1),  # 10 MiB takes a 10 MiB segment; 1 MiB a 2 MiB small one; 2 MiB would ask 20 MiB
+])
+def test_the_caching_allocators_segments_set_the_limit(capacity_mib, fixed_mib, best):
+    """The default virtual GPU has PyTorch's caching allocator: the largest batch is the one
+    whose segments (CUDACachingAllocator's get_allocation_size) fit, derived here by hand."""
+    def step(b):
+        a = torch.empty(fixed_mib * MiB, dtype=torch.uint8)
+        c = torch.empty(b * MiB, dtype=torch.uint8)
+        del a, c
+
+    r = find_max_batch_size(step, device=capacity_mib * MiB)
+    assert r.max_batch_size == best
 
 
 def test_runs_inside_the_active_virtual_gpu_with_what_is_already_there():

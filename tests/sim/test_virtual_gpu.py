@@ -15,6 +15,12 @@ from vramlab.units import parse_size  # noqa: E402
 from vramlab.sim.presets import CUDA_CONTEXT_OVERHEAD, get_preset  # noqa: E402
 from vramlab.sim.virtual_gpu import CATEGORIES, VirtualGPU, active_virtual_gpu  # noqa: E402
 
+
+def ExactGPU(*args, **kw) -> VirtualGPU:
+    """This module tests the exact accounting (each storage's bytes, nothing cached); the
+    caching allocator, the default, has its own module (test_virtual_gpu_caching.py)."""
+    return VirtualGPU(*args, allocator="exact", **kw)
+
 MiB = 2**20
 
 
@@ -31,7 +37,7 @@ def _no_leftover_gpu():
 
 
 def test_new_tensors_count_their_exact_nbytes():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         a = torch.empty(1000)
         assert gpu.allocated == 4000
         b = torch.zeros(10, 10, dtype=torch.float16)
@@ -44,7 +50,7 @@ def test_new_tensors_count_their_exact_nbytes():
 
 
 def test_views_share_one_storage_and_count_once():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         a = torch.empty(100, 10)
         views = [a[10:], a.view(1000), a.t(), a[:, ::2], a.expand(2, 100, 10), a.reshape(10, 100),
                  a.unsqueeze(0), a.as_strided((5,), (1,)), a.detach(), *a.split(10)]
@@ -57,7 +63,7 @@ def test_views_share_one_storage_and_count_once():
 
 
 def test_in_place_operations_allocate_nothing():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         a = torch.zeros(256)
         a.add_(1).mul_(2).clamp_(max=1.5)
         a[3:7] = 9.0
@@ -67,7 +73,7 @@ def test_in_place_operations_allocate_nothing():
 
 
 def test_out_of_place_results_and_temporaries():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         a = torch.ones(1024)
         b = (a * 2 + 1).sum()  # two 4 KiB temporaries, freed as soon as used
         assert gpu.allocated == 4096 + 4
@@ -76,7 +82,7 @@ def test_out_of_place_results_and_temporaries():
 
 
 def test_tensor_resize_grows_the_storage_in_place():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         t = torch.empty(0)
         assert gpu.allocated == 0
         t.resize_(250)
@@ -88,7 +94,7 @@ def test_tensor_resize_grows_the_storage_in_place():
 
 
 def test_untyped_storage_resize_updates_the_books():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         t = torch.empty(10)
         t.untyped_storage().resize_(400)
         assert gpu.allocated == 400
@@ -98,14 +104,14 @@ def test_untyped_storage_resize_updates_the_books():
 
 
 def test_out_argument_that_grows_is_counted():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         out = torch.empty(0)
         torch.add(torch.ones(100), 1, out=out)
         assert gpu.allocated == 400
 
 
 def test_frees_inside_and_outside_the_context():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         a = torch.empty(1000)
         b = torch.empty(500)
         del a
@@ -121,7 +127,7 @@ def test_frees_inside_and_outside_the_context():
 
 def test_tensors_from_before_are_not_counted_unless_adopted():
     before = torch.empty(1000)
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         v = before[1:]
         before.add_(1)
         assert gpu.allocated == 0
@@ -142,7 +148,7 @@ def test_adopt_module_optimizer_and_iterables():
     grads = sum(p.grad.nbytes for p in model.parameters())
     state = sum(v.untyped_storage().nbytes() for s in opt.state.values() for v in s.values())
     x = torch.empty(7)
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         added = gpu.adopt([model, opt, {"x": x}])
         bd = gpu.breakdown()
     assert added == params + buffers + grads + state + 28
@@ -157,13 +163,13 @@ def test_tied_weights_count_once():
     emb = nn.Embedding(100, 8)
     head = nn.Linear(8, 100, bias=False)
     head.weight = emb.weight
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         gpu.adopt(nn.ModuleList([emb, head]))
     assert gpu.allocated == 100 * 8 * 4
 
 
 def test_adopt_rejects_what_it_cannot_count():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         with pytest.raises(TypeError):
             gpu.adopt(3.5)
         with pytest.raises(TypeError):
@@ -171,7 +177,7 @@ def test_adopt_rejects_what_it_cannot_count():
 
 
 def test_block_rounding_models_the_cuda_allocator():
-    with VirtualGPU("1GiB", round_blocks=True) as gpu:
+    with ExactGPU("1GiB", round_blocks=True) as gpu:
         a = torch.empty(1, dtype=torch.uint8)
         assert gpu.allocated == 512
         b = torch.empty(513, dtype=torch.uint8)
@@ -190,7 +196,7 @@ def test_block_rounding_models_the_cuda_allocator():
 
 
 def test_allocation_up_to_capacity_fits_and_one_byte_more_raises():
-    with VirtualGPU(MiB) as gpu:
+    with ExactGPU(MiB) as gpu:
         a = torch.empty(MiB, dtype=torch.uint8)
         assert gpu.allocated == MiB and gpu.free == 0
         with pytest.raises(torch.OutOfMemoryError):
@@ -201,7 +207,7 @@ def test_allocation_up_to_capacity_fits_and_one_byte_more_raises():
 
 
 def test_oom_leaves_nothing_counted():
-    with VirtualGPU(10 * MiB) as gpu:
+    with ExactGPU(10 * MiB) as gpu:
         keep = torch.empty(MiB // 4)  # 1 MiB
         for _ in range(3):
             with pytest.raises(torch.OutOfMemoryError):
@@ -218,7 +224,7 @@ def test_oom_leaves_nothing_counted():
 
 def test_multi_output_op_that_overflows_counts_none_of_its_outputs():
     x = torch.randn(1000)
-    with VirtualGPU(4000 + 4000 + 100) as gpu:  # room for the values, not the int64 indices
+    with ExactGPU(4000 + 4000 + 100) as gpu:  # room for the values, not the int64 indices
         gpu.adopt(x)
         with pytest.raises(torch.OutOfMemoryError) as ei:
             torch.sort(x)
@@ -229,7 +235,7 @@ def test_multi_output_op_that_overflows_counts_none_of_its_outputs():
 
 
 def test_resize_that_overflows_leaves_the_tensor_as_it_was():
-    with VirtualGPU(1000) as gpu:
+    with ExactGPU(1000) as gpu:
         t = torch.empty(10)
         with pytest.raises(torch.OutOfMemoryError):
             t.resize_(1000)
@@ -241,7 +247,7 @@ def test_resize_that_overflows_leaves_the_tensor_as_it_was():
 
 def test_adopt_is_all_or_nothing():
     big = [torch.empty(100) for _ in range(5)]  # 5 x 400 bytes
-    with VirtualGPU(1000) as gpu:
+    with ExactGPU(1000) as gpu:
         with pytest.raises(torch.OutOfMemoryError):
             gpu.adopt(big)
         assert gpu.allocated == 0
@@ -250,7 +256,7 @@ def test_adopt_is_all_or_nothing():
 
 
 def test_oom_message_has_cuda_shape_and_real_figures():
-    with VirtualGPU("16MiB", name="tiny"):
+    with ExactGPU("16MiB", name="tiny"):
         keep = torch.empty(MiB)  # 4 MiB
         with pytest.raises(torch.OutOfMemoryError) as ei:
             torch.empty(4 * MiB)  # 16 MiB
@@ -265,7 +271,7 @@ def test_oom_message_has_cuda_shape_and_real_figures():
 
 
 def test_accelerate_and_lightning_detectors_see_a_real_oom():
-    with VirtualGPU(1000):
+    with ExactGPU(1000):
         with pytest.raises(torch.OutOfMemoryError) as ei:
             torch.empty(1000)
     e = ei.value
@@ -281,7 +287,7 @@ def test_accelerate_and_lightning_detectors_see_a_real_oom():
 
 def test_oom_explainer_reads_the_figures():
     oom = pytest.importorskip("vramlab.runtime.oom")
-    with VirtualGPU("8MiB") as gpu:
+    with ExactGPU("8MiB") as gpu:
         keep = torch.empty(MiB // 2)
         with pytest.raises(torch.OutOfMemoryError) as ei:
             torch.empty(2 * MiB)
@@ -297,25 +303,25 @@ def test_oom_explainer_reads_the_figures():
 @pytest.mark.parametrize("bad", [0, -1, "0GiB", "-5MiB", "lots", "", True, 1.5, None, "H900"])
 def test_bad_capacity_is_a_value_error(bad):
     with pytest.raises(ValueError):
-        VirtualGPU(bad)
+        ExactGPU(bad)
 
 
 def test_capacity_forms_and_presets():
-    assert VirtualGPU(1234).capacity == 1234
-    assert VirtualGPU("16GiB").capacity == 16 * 2**30
-    assert VirtualGPU("1.5 GB").capacity == 1_500_000_000
-    t4 = VirtualGPU("t4")
+    assert ExactGPU(1234).capacity == 1234
+    assert ExactGPU("16GiB").capacity == 16 * 2**30
+    assert ExactGPU("1.5 GB").capacity == 1_500_000_000
+    t4 = ExactGPU("t4")
     assert t4.capacity == get_preset("T4").memory and t4.name == "T4" and t4.preset == "T4"
     assert t4.context_overhead == CUDA_CONTEXT_OVERHEAD
     assert t4.budget == t4.capacity - CUDA_CONTEXT_OVERHEAD
-    assert VirtualGPU("a100_80gb").name == "A100-80GB"
-    assert VirtualGPU("16GiB").context_overhead == 0
-    assert VirtualGPU("T4", context_overhead=0).budget == parse_size("15360MiB")  # the total a T4 reports
+    assert ExactGPU("a100_80gb").name == "A100-80GB"
+    assert ExactGPU("16GiB").context_overhead == 0
+    assert ExactGPU("T4", context_overhead=0).budget == parse_size("15360MiB")  # the total a T4 reports
     assert t4.budget == get_preset("T4").usable
 
 
 def test_preset_context_overhead_is_not_available_to_tensors():
-    with VirtualGPU(10 * MiB, context_overhead=4 * MiB) as gpu:
+    with ExactGPU(10 * MiB, context_overhead=4 * MiB) as gpu:
         with pytest.raises(torch.OutOfMemoryError) as ei:
             torch.empty(7 * MiB // 4)
         ok = torch.empty(6 * MiB // 4)
@@ -340,7 +346,7 @@ class _Net(nn.Module):
 
 def test_breakdown_categories_on_a_training_step():
     torch.manual_seed(0)
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         model = _Net()
         opt = torch.optim.Adam(model.parameters())
         # a batch large enough that activations, not the optimizer step, make the peak
@@ -368,7 +374,7 @@ def test_breakdown_categories_on_a_training_step():
 
 
 def test_gradients_and_activations_while_they_live():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         model = _Net()
         x = torch.randn(32, 64)
         out = model(x)
@@ -382,7 +388,7 @@ def test_gradients_and_activations_while_they_live():
 
 
 def test_reset_peak():
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         a = torch.empty(1000)
         del a
         assert gpu.peak == 4000
@@ -408,7 +414,7 @@ def test_peak_agrees_with_memtracker_on_a_training_step():
     torch.manual_seed(0)
     model, x, y = _Net(), torch.randn(16, 64), torch.randint(0, 10, (16,))
     opt = torch.optim.Adam(model.parameters())
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         gpu.adopt([model, opt, x, y])
         run(model, opt, x, y)
     torch.manual_seed(0)
@@ -426,9 +432,9 @@ def test_peak_agrees_with_memtracker_on_a_training_step():
 
 
 def test_nesting_raises_and_leaves_the_outer_one_working():
-    with VirtualGPU("1GiB") as outer:
+    with ExactGPU("1GiB") as outer:
         with pytest.raises(ValueError, match="do not nest"):
-            with VirtualGPU("2GiB"):
+            with ExactGPU("2GiB"):
                 pass
         with pytest.raises(ValueError, match="already active"):
             outer.__enter__()
@@ -440,7 +446,7 @@ def test_nesting_raises_and_leaves_the_outer_one_working():
 
 
 def test_reentering_after_exit_resumes_the_books():
-    gpu = VirtualGPU("1GiB")
+    gpu = ExactGPU("1GiB")
     with gpu:
         a = torch.empty(10)
     with gpu:
@@ -453,7 +459,7 @@ def test_reentering_after_exit_resumes_the_books():
 def test_exit_on_error_restores_everything():
     orig = torch.UntypedStorage.resize_
     with pytest.raises(KeyError):
-        with VirtualGPU("1GiB"):
+        with ExactGPU("1GiB"):
             raise KeyError("x")
     assert active_virtual_gpu() is None
     assert torch.UntypedStorage.resize_ is orig
@@ -464,7 +470,7 @@ def test_exit_on_error_restores_everything():
 
 def test_other_threads_are_not_counted_but_their_frees_are():
     made: list = []
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         mine = torch.empty(100)
         t = threading.Thread(target=lambda: made.append(torch.empty(1000)))
         t.start()
@@ -480,7 +486,7 @@ def test_other_threads_are_not_counted_but_their_frees_are():
 
 def test_active_virtual_gpu():
     assert active_virtual_gpu() is None
-    with VirtualGPU("1GiB") as gpu:
+    with ExactGPU("1GiB") as gpu:
         assert active_virtual_gpu() is gpu and gpu.active
     assert active_virtual_gpu() is None and not gpu.active
 
@@ -489,7 +495,7 @@ def test_active_virtual_gpu():
 
 
 def test_snapshot_shows_virtual_0_while_active_and_not_after():
-    with VirtualGPU("T4") as gpu:
+    with ExactGPU("T4") as gpu:
         keep = torch.empty(MiB)
         snap = vramlab.snapshot()
         d = snap.device("virtual:0")
@@ -508,7 +514,7 @@ def test_snapshot_shows_virtual_0_while_active_and_not_after():
 
 
 def test_snapshot_counts_ooms():
-    with VirtualGPU(1000):
+    with ExactGPU(1000):
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(1000)
         assert vramlab.snapshot().device("virtual:0").num_ooms == 1

@@ -104,6 +104,22 @@ def test_the_snapshot_shows_reserved_memory_as_torchs_cache() -> None:
         del x
 
 
+def test_vram_text_and_html_show_the_cache_and_what_nvidia_smi_would_show() -> None:
+    from vramlab.display.html import snapshot_html
+    from vramlab.display.text import snapshot_text
+
+    gpu = VirtualGPU("T4")
+    with gpu:
+        x = _bytes(3 * MiB)
+        snap = vramlab.snapshot()
+    text, page = snapshot_text(snap), snapshot_html(snap)
+    used = vramlab.format_bytes(20 * MiB + gpu.context_overhead)
+    assert "torch cache" in text and "17.00 MiB" in text
+    assert f"nvidia-smi on a real card would show {used} used" in text
+    assert f"nvidia-smi on a real card would show {used} used" in page and "torch cache" in page
+    del x
+
+
 def test_memory_dump_renders_with_torchs_memory_viz() -> None:
     from torch.cuda import _memory_viz
 
@@ -132,8 +148,17 @@ def test_bad_allocator_arguments_get_one_clear_message(kw, match) -> None:
         estimate(build, make_batch, batch_size=2, loss_fn=loss_fn, **kw)
 
 
-def test_exact_accounting_has_no_allocator_snapshot() -> None:
+def test_the_caching_allocator_is_the_default() -> None:
     gpu = VirtualGPU("1GiB")
+    assert gpu.allocator_kind == "caching"
+    with gpu:
+        t = torch.empty(1000, dtype=torch.uint8)
+        assert gpu.allocated == 1024 and gpu.reserved == 2 * 2**20  # a 2 MiB small-pool segment
+    del t
+
+
+def test_exact_accounting_has_no_allocator_snapshot() -> None:
+    gpu = VirtualGPU("1GiB", allocator="exact")
     assert gpu.reserved == gpu.allocated == 0 and gpu.memory_stats()["reserved_bytes.all.current"] == 0
     with pytest.raises(ValueError, match="allocator='caching'"):
         gpu.memory_snapshot()

@@ -15,7 +15,7 @@ from typing import Optional
 from ..i18n import tr_note
 from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
-from .text import children_extra, oom_text, unreadable_text
+from .text import children_extra, oom_text, unreadable_text, virtual_smi_text
 
 __all__ = ["snapshot_html", "html_bar", "record_html", "oom_html", "COLOURS"]
 
@@ -122,6 +122,8 @@ def snapshot_html(s: Snapshot) -> str:
             if d.num_ooms:
                 extra += f" · OOMs {d.num_ooms}"
             body += f'<div style="font-size:90%">{extra}</div>'
+        if d.kind == "virtual" and d.used is not None:
+            body += f'<div style="font-size:90%">{_html.escape(virtual_smi_text(d))}</div>'
         rows.append(f"{_TR}<td {td}>{title}</td><td {td}>{body}</td></tr>")
     if not s.devices:
         rows.append(f"{_TR}<td {td}><b>accelerators</b></td><td {td}>none</td></tr>")

@@ -15,7 +15,7 @@ from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, Fre
 from ..units import format_bytes
 
 __all__ = ["snapshot_text", "text_bar", "children_extra", "unreadable_text", "record_text", "record_line", "history_text", "oom_text",
-           "freed_text"]
+           "freed_text", "virtual_smi_text"]
 
 #: One character per layer in text bars.
 BAR_CHARS: dict[str, str] = {
@@ -95,6 +95,12 @@ def unreadable_text(d: DeviceSnapshot, notes: tuple[str, ...] = ()) -> Optional[
     return f"{_UNREADABLE}: {why}"
 
 
+def virtual_smi_text(d: DeviceSnapshot) -> str:
+    """What ``nvidia-smi`` would show used on the card a virtual device stands for."""
+    return tr("nvidia-smi on a real card would show {used} used: the modelled context plus what "
+              "PyTorch reserved (tensors and its cache)", used=format_bytes(d.used or 0))
+
+
 def snapshot_text(s: Snapshot, width: int = 40) -> str:
     """Render ``s`` as an aligned plain-text table (sizes in IEC units)."""
     when = _dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S")
@@ -142,6 +148,8 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
             if d.num_ooms:
                 extra += f", OOMs {d.num_ooms}"
             lines.append(extra)
+        if d.kind == "virtual" and d.used is not None:
+            lines.append("  " + virtual_smi_text(d))
         if d.source.startswith("nvml") and d.total is None:
             lines.append(f"  ({unreadable_text(d, s.notes)})")
         elif d.source == "nvml" and d.id.startswith("cuda"):

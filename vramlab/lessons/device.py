@@ -17,7 +17,13 @@ Then the same code runs on both:
   storage created there is counted and its capacity enforced (``torch.OutOfMemoryError``).
   On the virtual GPU, only what is created inside a ``measure()`` block or ``put()`` there
   is on the card: run the step that creates an optimizer's state inside ``measure()`` too;
-- ``dev.allocated()``, ``dev.capacity``, ``dev.cleanup()``, ``dev.large``.
+- ``dev.allocated()``, ``dev.reserved()`` (allocated plus the caching allocator's cache),
+  ``dev.capacity``, ``dev.cleanup()``, ``dev.large``; ``m.peak_reserved`` is the block's
+  highest reserved.
+
+The virtual GPU models PyTorch's CUDA caching allocator (``allocator="caching"``, the
+default: :mod:`vramlab.sim.allocator`), so reserved memory, the cache and fragmentation behave
+as on a card; ``allocator="exact"`` counts each storage's bytes instead.
 
 Set ``VRAMLAB_DEVICE=virtual`` to use the virtual GPU even where CUDA exists, and
 ``VRAMLAB_SIZE=small|large`` to force a lesson's size switch. All sizes in bytes.
@@ -49,6 +55,7 @@ class Measurement:
     peak: int = 0
     end: int = 0
     wall_s: float = 0.0
+    peak_reserved: int = 0
 
     @property
     def peak_delta(self) -> int:
@@ -59,7 +66,8 @@ class Measurement:
 class LessonDevice:
     """The device a lesson runs on: a CUDA GPU, or a virtual GPU on the CPU (see module docs)."""
 
-    def __init__(self, virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True) -> None:
+    def __init__(self, virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True,
+                 allocator: str = "caching") -> None:
         from .._extras import require_torch
 
         torch = require_torch("pick_device()")
@@ -77,7 +85,7 @@ class LessonDevice:
 
             self.kind = "virtual"
             self.device = torch.device("cpu")
-            self.virtual = VirtualGPU(virtual, round_blocks=round_blocks)
+            self.virtual = VirtualGPU(virtual, round_blocks=round_blocks, allocator=allocator)
             self.name = self.virtual.name
             self.capacity = self.virtual.capacity
         size = os.environ.get("VRAMLAB_SIZE")
@@ -104,6 +112,13 @@ class LessonDevice:
             return int(self._torch.cuda.memory_allocated(self.device))
         return int(self.virtual.allocated)
 
+    def reserved(self) -> int:
+        """Bytes the caching allocator holds now: live tensors plus its cache
+        (``torch.cuda.memory_reserved``; the virtual GPU's model of it)."""
+        if self.is_cuda:
+            return int(self._torch.cuda.memory_reserved(self.device))
+        return int(self.virtual.reserved)
+
     def put(self, obj: Any) -> Any:
         """Move a tensor or module onto the device; returns it (modules in place, like ``.to``)."""
         if self.is_cuda:
@@ -127,6 +142,7 @@ class LessonDevice:
                 torch.cuda.synchronize(self.device)
                 m.wall_s = time.perf_counter() - t0
                 m.peak = int(torch.cuda.max_memory_allocated(self.device))
+                m.peak_reserved = int(torch.cuda.max_memory_reserved(self.device))
                 m.end = self.allocated()
             return
         gpu = self.virtual
@@ -141,15 +157,19 @@ class LessonDevice:
         finally:
             m.wall_s = time.perf_counter() - t0
             m.peak = gpu.peak
+            m.peak_reserved = gpu.max_reserved
             m.end = gpu.allocated
             if entered:
                 gpu.__exit__(None, None, None)
 
     def cleanup(self) -> None:
-        """Collect garbage and, on CUDA, return cached blocks to the driver."""
+        """Collect garbage and return cached blocks to the driver (``empty_cache``, on CUDA and
+        on the virtual GPU alike)."""
         gc.collect()
         if self.is_cuda:
             self._torch.cuda.empty_cache()
+        else:
+            self.virtual.empty_cache()
 
     def describe(self) -> str:
         """What this device is, and what that means for the figures."""
@@ -165,6 +185,13 @@ class LessonDevice:
                     else tr("no CUDA context is modelled; "))
         what = (tr("a virtual {name} ({capacity})", name=self.name, capacity=format_bytes(self.capacity))
                 if self.virtual.preset else tr("a virtual GPU of {capacity}", capacity=format_bytes(self.capacity)))
+        if self.virtual.allocator_kind == "caching":
+            return tr("No CUDA GPU here: {what} on the CPU. "
+                      "Every tensor storage gets a block from a model of PyTorch's CUDA caching allocator "
+                      "(512-byte blocks in 2 MiB and 20 MiB segments, a cache that empty_cache() gives back), "
+                      "and torch.OutOfMemoryError is raised where that allocator would raise it, so allocated "
+                      "and reserved figures are what a card would show for these tensors; {context}"
+                      "timings are the CPU's, not a GPU's.", what=what, context=ctx_text)
         return tr("No CUDA GPU here: {what} on the CPU. "
                   "It counts every tensor storage exactly and raises torch.OutOfMemoryError at its capacity, "
                   "so memory figures are what a card would allocate for these tensors (rounded to 512-byte "
@@ -175,13 +202,17 @@ class LessonDevice:
         return self.describe()
 
 
-def pick_device(virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True) -> LessonDevice:
+def pick_device(virtual: str | int = "T4", *, force_virtual: bool = False, round_blocks: bool = True,
+                allocator: str = "caching") -> LessonDevice:
     """The lesson's device: CUDA when present, else a virtual GPU on the CPU.
 
     Args:
         virtual: the virtual GPU to use without CUDA: a preset name (``"T4"``) or a
             capacity (``"256MiB"``, bytes). Ignored on CUDA.
         force_virtual: use the virtual GPU even where CUDA exists (also ``VRAMLAB_DEVICE=virtual``).
-        round_blocks: round virtual allocations to 512-byte blocks, as CUDA's allocator does.
+        round_blocks: with ``allocator="exact"``, round virtual allocations to 512-byte blocks, as
+            CUDA's allocator does (the caching model always does).
+        allocator: the virtual GPU's: ``"caching"`` (PyTorch's CUDA caching allocator, modelled)
+            or ``"exact"`` (each storage's bytes, nothing cached).
     """
-    return LessonDevice(virtual, force_virtual=force_virtual, round_blocks=round_blocks)
+    return LessonDevice(virtual, force_virtual=force_virtual, round_blocks=round_blocks, allocator=allocator)

@@ -63,7 +63,7 @@ from .strategies import (STRATEGIES, ZeRO1, ZeRO2, device_mesh, optimizer_class,
 from .virtual_gpu import ALLOCATORS, VirtualGPU  # noqa: E402
 
 __all__ = ["Estimate", "estimate", "Target", "target", "make_estimate", "MODEL_STATES", "OPTIMIZERS",
-           "allocator_conf"]
+           "allocator_conf", "resolve_allocator"]
 
 #: The model states' categories (:attr:`Estimate.model_states`).
 MODEL_STATES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state")
@@ -208,6 +208,15 @@ class Estimate:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
 
 
+def resolve_allocator(allocator: Optional[str], alloc_conf: Optional[str], tgt: "Target") -> str:
+    """``allocator=None`` means the target's: PyTorch's caching allocator on a GPU preset, a
+    ``VirtualGPU``'s own (caching by default), exact accounting without a target or on a bare
+    size; ``"caching"`` whenever ``alloc_conf`` is given."""
+    if allocator is None:
+        return "caching" if alloc_conf is not None else tgt.allocator
+    return allocator
+
+
 def allocator_conf(allocator: str, alloc_conf: Optional[str]) -> Optional[AllocConf]:
     """The caching allocator's options for ``allocator="caching"`` (``alloc_conf`` or the
     environment's ``PYTORCH_CUDA_ALLOC_CONF``), ``None`` for ``"exact"``; one ``ValueError`` else."""
@@ -253,13 +262,14 @@ def _zero2_more_ranks(params: list[Any], ready: list[tuple[int, int]], acct: Led
 
 @dataclass(frozen=True)
 class Target:
-    """The verdict's device: its name, capacity and modelled CUDA context (bytes), and whether
-    it is a CUDA card (512-byte blocks, ``foreach`` optimizers)."""
+    """The verdict's device: its name, capacity and modelled CUDA context (bytes), whether
+    it is a CUDA card (512-byte blocks, ``foreach`` optimizers), and its default allocator."""
 
     name: Optional[str]
     capacity: Optional[int]
     context: int
     cuda_like: bool
+    allocator: str = "exact"
 
 
 def target(device: Any) -> Target:
@@ -267,14 +277,15 @@ def target(device: Any) -> Target:
     if device is None:
         return Target(None, None, 0, False)
     if isinstance(device, VirtualGPU):
-        return Target(device.name, device.capacity, device.context_overhead, device.preset is not None)
+        return Target(device.name, device.capacity, device.context_overhead, device.preset is not None,
+                      device.allocator_kind)
     if isinstance(device, bool) or not isinstance(device, (int, str)):
         raise ValueError(f"device must be a GPU preset name, a size or bytes; got {device!r}")
     try:
         cap = parse_size(device)
     except ValueError:
         p = get_preset(str(device))  # ValueError listing the presets
-        return Target(p.name, p.memory, p.context_overhead, True)
+        return Target(p.name, p.memory, p.context_overhead, True, "caching")
     if cap <= 0:
         raise ValueError(f"device capacity must be positive; got {device!r}")
     return Target(format_bytes(cap), cap, 0, False)
@@ -308,7 +319,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
              device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
              steps: Optional[int] = None, round_blocks: Optional[bool] = None, world_size: int = 1,
              strategy: Any = None, rank: Union[None, int, str] = None, precision: Optional[str] = None,
-             checkpoint: Any = None, allocator: str = "exact", alloc_conf: Optional[str] = None) -> Estimate:
+             checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None) -> Estimate:
     """Estimate the peak memory of a step without allocating it (see module docs).
 
     Args:
@@ -325,10 +336,11 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             ``"bf16-true"``, ``"16-true"`` (what each means per strategy: :mod:`vramlab.sim.precision`).
         checkpoint: activation checkpointing: ``"layers"`` (each block of every
             ``nn.ModuleList``/``nn.Sequential``) or a predicate ``module -> bool``; ``None`` for none.
-        allocator: ``"exact"`` (default) or ``"caching"``: every storage gets a block from a model
-            of PyTorch's CUDA caching allocator (:mod:`vramlab.sim.allocator`), ``peak`` counts
-            block sizes as ``memory_allocated`` does, ``peak_reserved`` is reported and the verdict
-            compares it with the card.
+        allocator: ``"caching"`` (the default on a CUDA target: a preset or a VirtualGPU) or
+            ``"exact"`` (the default without one, or on a bare size): with ``"caching"`` every
+            storage gets a block from a model of PyTorch's CUDA caching allocator
+            (:mod:`vramlab.sim.allocator`), ``peak`` counts block sizes as ``memory_allocated``
+            does, ``peak_reserved`` is reported and the verdict compares it with the card.
         alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching allocator (default: the
             environment's).
         step: ``"train"`` (forward, backward, optimizer step) or ``"inference"`` (forward
@@ -360,7 +372,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     tgt = target(device)
     prec = resolve_precision(precision, dtype)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
-    conf = allocator_conf(allocator, alloc_conf)
+    conf = allocator_conf(resolve_allocator(allocator, alloc_conf, tgt), alloc_conf)
     if strategy is not None or world_size != 1:
         return _estimate_parallel(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, prec=prec,
                                   train=train, step=step, steps=steps, tgt=tgt, rb=rb, loss_fn=loss_fn,

@@ -22,7 +22,7 @@ require_torch("vramlab's simulator")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from .estimate import Estimate, allocator_conf, make_estimate, target  # noqa: E402
+from .estimate import Estimate, allocator_conf, make_estimate, resolve_allocator, target  # noqa: E402
 from .precision import LossScaler, MasterWeights, resolve_precision  # noqa: E402
 from .ranks import check_world_size, run_ranks  # noqa: E402
 from .step import (apply_checkpoint, build_on_meta, check_args, checkpoint_modules, count_params,  # noqa: E402
@@ -60,7 +60,7 @@ def _measure_rank(factory: Callable[[], tuple], strategy: Any, batch_size: int, 
     plan = prec.plan(strategy.name)
     mesh = device_mesh(strategy)
     model = build_on_meta(build, plan.model_dtype)
-    gpu = VirtualGPU(2**60, count_shards=True)
+    gpu = VirtualGPU(2**60, count_shards=True, allocator="exact")
     with gpu:
         model, opt, extra = prepare(strategy, model, plan, optimizer, False, gpu.ledger, gpu.hooks, mesh, checkpoint)
         scaler = LossScaler("cpu") if plan.scale_loss else None
@@ -114,7 +114,7 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
             optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
             device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
             steps: Optional[int] = None, round_blocks: Optional[bool] = None, precision: Optional[str] = None,
-            checkpoint: Any = None, allocator: str = "exact", alloc_conf: Optional[str] = None) -> Estimate:
+            checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None) -> Estimate:
     """Run the same step as :func:`~vramlab.sim.estimate.estimate` for real, on the CPU, under a VirtualGPU.
 
     Same arguments and result; the model is built on the meta device and materialised
@@ -132,6 +132,7 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
     ckpt = checkpoint_modules(model, checkpoint)
     apply_checkpoint(ckpt)
     cap = tgt.capacity if tgt.capacity is not None else 2**60
+    allocator = resolve_allocator(allocator, alloc_conf, tgt)
     allocator_conf(allocator, alloc_conf)  # one clear message for a bad one, before any work
     gpu = VirtualGPU(cap, name=tgt.name, round_blocks=rb, context_overhead=tgt.context, allocator=allocator,
                      alloc_conf=alloc_conf)

@@ -161,7 +161,7 @@ class VirtualGPU:
     """
 
     def __init__(self, capacity: Union[int, str], name: Optional[str] = None, *, round_blocks: bool = False,
-                 context_overhead: Optional[int] = None, count_shards: bool = False, allocator: str = "exact",
+                 context_overhead: Optional[int] = None, count_shards: bool = False, allocator: str = "caching",
                  alloc_conf: Optional[str] = None) -> None:
         spec = _resolve_capacity(capacity, name, context_overhead)
         self._spec = spec
