@@ -18,6 +18,7 @@ missing or stale (fuzzy) translation stops the build, listing the cells.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,9 @@ def build(name: str, timeout: int = 600, lang: str = "en") -> float:
         out = OUT / lang
     out.mkdir(exist_ok=True)
     t0 = time.perf_counter()
+    # the kernel draws figures inline (a non-interactive MPLBACKEND such as CI's Agg would leave
+    # every plot cell of the committed notebook empty)
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(out)}}).execute()
     except Exception:

@@ -80,3 +80,10 @@ def test_presets_do_not_import_torch():
     code = "import sys, vramlab.sim.presets, vramlab.sim; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_every_preset_has_its_compute_capability():
+    from vramlab.sim.presets import COMPUTE_CAPABILITY, GPU_PRESETS
+
+    assert set(COMPUTE_CAPABILITY) == {p.name for p in GPU_PRESETS}
+    assert get_preset("T4").compute_capability == (7, 5) and get_preset("H100").compute_capability == (9, 0)

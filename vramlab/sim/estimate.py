@@ -36,6 +36,7 @@ All sizes are in bytes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import os
@@ -52,6 +53,7 @@ from torch import nn  # noqa: E402
 
 from ..units import format_bytes, parse_size  # noqa: E402
 from .allocator import AllocConf, CachingAllocator  # noqa: E402
+from .kernels import CudaKernels  # noqa: E402
 from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storage_resize  # noqa: E402
 from .precision import LossScaler, MasterWeights, Precision, resolve_precision  # noqa: E402
 from .presets import get_preset  # noqa: E402
@@ -270,6 +272,12 @@ class Target:
     context: int
     cuda_like: bool
     allocator: str = "exact"
+    cc: Optional[tuple[int, int]] = None  # a preset's compute capability: CUDA's kernels (sim.kernels)
+
+    def kernels(self, acct: Ledger) -> Any:
+        """The context that makes ``acct`` hold what CUDA's kernels hold on this card
+        (:class:`~vramlab.sim.kernels.CudaKernels`), or a null context off a preset."""
+        return CudaKernels(acct, self.cc) if self.cc is not None else contextlib.nullcontext()
 
 
 def target(device: Any) -> Target:
@@ -277,15 +285,16 @@ def target(device: Any) -> Target:
     if device is None:
         return Target(None, None, 0, False)
     if isinstance(device, VirtualGPU):
+        cc = device.kernels.cc if device.kernels is not None else None
         return Target(device.name, device.capacity, device.context_overhead, device.preset is not None,
-                      device.allocator_kind)
+                      device.allocator_kind, cc)
     if isinstance(device, bool) or not isinstance(device, (int, str)):
         raise ValueError(f"device must be a GPU preset name, a size or bytes; got {device!r}")
     try:
         cap = parse_size(device)
     except ValueError:
         p = get_preset(str(device))  # ValueError listing the presets
-        return Target(p.name, p.memory, p.context_overhead, True, "caching")
+        return Target(p.name, p.memory, p.context_overhead, True, "caching", p.compute_capability)
     if cap <= 0:
         raise ValueError(f"device capacity must be positive; got {device!r}")
     return Target(format_bytes(cap), cap, 0, False)
@@ -387,7 +396,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     with FakeTensorMode(allow_non_fake_inputs=True):
         hooks.install()
         try:
-            with acct:
+            with acct, tgt.kernels(acct):
                 materialize(model)
                 init_parameters(model)
                 hooks.classify_module(model, recurse=True)
@@ -441,7 +450,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                 hooks.install()
                 extra: list[Any] = []
                 try:
-                    with acct:
+                    with acct, tgt.kernels(acct):
                         ckpt = len(checkpoint_modules(model, checkpoint))
                         model, opt, extra = prepare(strat, model, plan, optimizer, tgt.cuda_like, acct, hooks, mesh,
                                                     checkpoint)

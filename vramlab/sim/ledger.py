@@ -168,6 +168,7 @@ class Ledger(TorchDispatchMode):
         self.after_step: Optional[dict[str, int]] = None
         self.allocating_as: Optional[str] = None  # the category of what is allocated now (see category())
         self.thread: Optional[int] = None
+        self._paused = 0  # > 0: operators run uncounted (see paused())
         self._fake_cls: Any = None
         if fake:
             from torch._subclasses.fake_tensor import FakeTensor
@@ -436,8 +437,21 @@ class Ledger(TorchDispatchMode):
 
     # ------------------------------------------------------------------ dispatch
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Operators in the block run uncounted: a modelled CUDA kernel
+        (:mod:`vramlab.sim.kernels`) computes its values on the CPU this way, then allocates in
+        the books only what the CUDA kernel allocates."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         if func in _RESIZE_OPS:
             self._precheck_resize(args[0], math.prod(int(s) for s in args[1]))
         elif func in _RESIZE_AS_OPS and isinstance(args[1], torch.Tensor):

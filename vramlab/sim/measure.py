@@ -135,7 +135,7 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
     allocator = resolve_allocator(allocator, alloc_conf, tgt)
     allocator_conf(allocator, alloc_conf)  # one clear message for a bad one, before any work
     gpu = VirtualGPU(cap, name=tgt.name, round_blocks=rb, context_overhead=tgt.context, allocator=allocator,
-                     alloc_conf=alloc_conf)
+                     alloc_conf=alloc_conf, compute_capability=tgt.cc)
     with gpu:
         materialize(model)
         init_parameters(model)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["GPUPreset", "GPU_PRESETS", "CUDA_CONTEXT_OVERHEAD", "get_preset", "preset_names"]
+__all__ = ["GPUPreset", "GPU_PRESETS", "COMPUTE_CAPABILITY", "CUDA_CONTEXT_OVERHEAD", "get_preset", "preset_names"]
 
 GiB = 2**30
 MiB = 2**20
@@ -91,6 +91,22 @@ class GPUPreset:
     def kind(self) -> str:
         """The device kind the preset models: ``"cuda"``."""
         return "cuda"
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """The card's CUDA compute capability (major, minor), from :data:`COMPUTE_CAPABILITY`: it
+        decides which attention kernel torch runs and the cuBLAS workspace (:mod:`vramlab.sim.kernels`)."""
+        return COMPUTE_CAPABILITY[self.name]
+
+
+#: Compute capability per preset, as NVIDIA lists it ("CUDA GPUs - Compute Capability",
+#: developer.nvidia.com/cuda-gpus): Volta 7.0, Turing 7.5, Ampere 8.0 (A100) and 8.6
+#: (GA10x), Ada 8.9, Hopper 9.0, Blackwell 10.0 (B200) and 12.0 (GeForce RTX 50).
+COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "T4": (7, 5), "L4": (8, 9), "A10G": (8, 6), "RTX 3090": (8, 6), "RTX 4090": (8, 9), "RTX 5090": (12, 0),
+    "RTX 4060 Laptop": (8, 9), "V100-16GB": (7, 0), "V100-32GB": (7, 0), "A100-40GB": (8, 0), "A100-80GB": (8, 0),
+    "H100-80GB": (9, 0), "H200-141GB": (9, 0), "GH200-96GB": (9, 0), "B200-180GB": (10, 0),
+}
 
 
 # PCIe per-direction bandwidth of an x16 link: 3.0 ~16 GB/s, 4.0 ~32 GB/s, 5.0 ~64 GB/s

@@ -31,6 +31,7 @@ from ..model import DeviceSnapshot
 from ..reconcile import device_layers, register_device_provider, unregister_device_provider
 from ..units import format_bytes, parse_size
 from .allocator import AllocConf, CachingAllocator
+from .kernels import CudaKernels
 from .ledger import CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, ShardLedger, counted_storage_resize, storage_of
 from .presets import get_preset
 
@@ -143,6 +144,14 @@ class VirtualGPU:
         context_overhead: bytes the CUDA context takes on the card (not available to
             tensors). Default: the preset's modelled overhead
             (:data:`vramlab.sim.presets.CUDA_CONTEXT_OVERHEAD`) for a preset, 0 for a size.
+        allocator: ``"caching"`` (the default: PyTorch's CUDA caching allocator, modelled in
+            :mod:`vramlab.sim.allocator`) or ``"exact"`` (each storage's bytes, nothing cached).
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching allocator (default: the environment's).
+        kernels: ``"cuda"`` (the default for a GPU preset): dropout, attention, optimizers and the
+            cuBLAS workspace allocate and save what CUDA's kernels do on that card
+            (:mod:`vramlab.sim.kernels`); ``"cpu"`` (the default for a bare size): the CPU's.
+        compute_capability: ``(major, minor)`` of the card a bare size stands for; with it the
+            CUDA kernels are the default (a preset brings its own).
         count_shards: count a tensor subclass (FSDP2's ``DTensor``) by the local tensors it
             holds rather than its global size (:class:`~vramlab.sim.ledger.ShardLedger`): what
             one rank's device holds. Off by default.
@@ -162,7 +171,8 @@ class VirtualGPU:
 
     def __init__(self, capacity: Union[int, str], name: Optional[str] = None, *, round_blocks: bool = False,
                  context_overhead: Optional[int] = None, count_shards: bool = False, allocator: str = "caching",
-                 alloc_conf: Optional[str] = None) -> None:
+                 alloc_conf: Optional[str] = None, kernels: Optional[str] = None,
+                 compute_capability: Optional[tuple[int, int]] = None) -> None:
         spec = _resolve_capacity(capacity, name, context_overhead)
         self._spec = spec
         if allocator not in ALLOCATORS:
@@ -180,11 +190,23 @@ class VirtualGPU:
         self._acct = books(spec.capacity - spec.context, round_blocks=self.round_blocks, on_oom=self._make_oom,
                            allocator=self._alloc)
         self._hooks = LedgerHooks(self._acct)
-        self._resize: Optional[contextlib.ExitStack] = None
+        if kernels not in (None, "cuda", "cpu"):
+            raise ValueError(f"kernels must be 'cuda' or 'cpu'; got {kernels!r}")
+        cc = compute_capability or (get_preset(spec.preset).compute_capability if spec.preset else None)
+        if kernels == "cuda" and cc is None:
+            raise ValueError("kernels='cuda' needs a GPU preset or compute_capability= (it picks the kernels)")
+        self._kernels = CudaKernels(self._acct, cc) if cc is not None and kernels in (None, "cuda") else None
+        self._stack: Optional[contextlib.ExitStack] = None
+        self._kernels_on = False
         self._active = False
         self._provider = self._devices
 
     # ---------------------------------------------------------------- readings
+
+    @property
+    def kernels(self) -> Optional[CudaKernels]:
+        """The CUDA kernels' model in use (a GPU preset's), or ``None`` (the CPU's kernels)."""
+        return self._kernels
 
     @property
     def ledger(self) -> Ledger:
@@ -461,11 +483,14 @@ class VirtualGPU:
         try:
             acct = self._acct
             acct.thread = threading.get_ident()
-            self._resize = contextlib.ExitStack()
-            self._resize.enter_context(counted_storage_resize(acct))
+            self._stack = contextlib.ExitStack()
+            self._stack.enter_context(counted_storage_resize(acct))
             self._hooks.install()
             acct.__enter__()
             self._active = True
+            if self._kernels is not None:
+                self._kernels.__enter__()
+                self._kernels_on = True
             register_device_provider(self._provider, self.reset_peak)
         except BaseException:
             self._teardown()
@@ -478,13 +503,17 @@ class VirtualGPU:
     def _teardown(self) -> None:
         global _ACTIVE
         unregister_device_provider(self._provider)
+        if self._kernels_on:  # the CUDA kernels' mode first, then the ledger
+            self._kernels_on = False
+            assert self._kernels is not None
+            self._kernels.__exit__(None, None, None)
         if self._active:
             self._acct.__exit__(None, None, None)
         self._active = False
         self._hooks.remove()
-        if self._resize is not None:
-            self._resize.close()
-            self._resize = None
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
         with _ACTIVE_LOCK:
             if _ACTIVE is self:
                 _ACTIVE = None
