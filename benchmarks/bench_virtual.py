@@ -2,11 +2,12 @@
 
     python benchmarks/bench_virtual.py [--rounds N] [--inner N] [--batch B] [--write-doc]
 
-Four contenders run interleaved in one process, round after round, so machine noise hits
+Five contenders run interleaved in one process, round after round, so machine noise hits
 them alike: the bare step (the floor), the step inside a ``VirtualGPU`` with exact accounting
 (dispatch mode, weakref finalizers, module/optimizer/saved-tensor hooks), the same with the
 model of PyTorch's caching allocator (the default: a block from the segments' pools for every
-storage) and the step inside torch's ``MemTracker`` (what a user would otherwise pick). Each
+storage), the same on a T4 preset (which adds CUDA's kernels, a ``TorchFunctionMode``) and the
+step inside torch's ``MemTracker`` (what a user would otherwise pick). Each
 round enters the context once and times ``--inner`` steps in it; the table gives the median
 per step and the ratio to the bare step (goals: <= 1.15x exact, <= 1.3x caching). It also
 times a tiny op to show the fixed cost per operator.
@@ -43,7 +44,8 @@ def main() -> None:
     x, y = torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
     gpu = VirtualGPU("16GiB", allocator="exact")
     cached = VirtualGPU("16GiB", allocator="caching")
-    for g in (gpu, cached):
+    t4 = VirtualGPU("T4")  # the caching allocator and a T4's CUDA kernels (a TorchFunctionMode)
+    for g in (gpu, cached, t4):
         with g:
             g.adopt([model, opt, x, y])
     mt = MemTracker()
@@ -59,6 +61,7 @@ def main() -> None:
         "bare step": (contextlib.nullcontext, lambda: None),
         "exact": (lambda: gpu, lambda: None),
         "caching": (lambda: cached, lambda: None),
+        "caching+T4": (lambda: t4, lambda: None),
         "MemTracker": (lambda: mt, mt.reset_mod_stats),
     }
     for _ in range(3):  # warm-up, and the optimizer's momentum buffers
@@ -87,7 +90,8 @@ def main() -> None:
     base = statistics.median(samples["bare step"])
     print(f"small CNN training step (SGD momentum), batch {args.batch} of 3x32x32, {ops[0]} aten ops per step,"
           f" {torch.get_num_threads()} threads; median of {args.rounds} rounds x {args.inner} steps")
-    print("exact and caching: a VirtualGPU with allocator='exact' / 'caching'")
+    print("exact and caching: a VirtualGPU with allocator='exact' / 'caching'; caching+T4: VirtualGPU('T4'), "
+          "which adds the T4's CUDA kernels (sim.kernels)")
     print(f"{'contender':<14}{'ms/step':>10}{'ratio':>8}{'us/op added':>13}")
     for name, v in samples.items():
         m = statistics.median(v)

@@ -26,7 +26,12 @@ def test_every_rank_reports_and_the_ranks_agree(two_ranks):
     assert set(two_ranks) == set(STRATEGIES)
     for strategy, counts in two_ranks.items():
         assert [c.rank for c in counts] == [0, 1]
-        assert counts[0].payload == counts[1].payload, strategy  # data parallel: the same collectives on each rank
+        if strategy == "zero1":  # each rank is the root of its own partition's broadcast
+            for c in counts:
+                assert c.payload["all_reduce"] == counts[0].payload["all_reduce"]
+                assert c.payload["broadcast_root"] + c.payload["broadcast_last"] == c.parameter_bytes
+        else:
+            assert counts[0].payload == counts[1].payload, strategy  # data parallel: the same collectives
 
 
 @pytest.mark.slow
@@ -39,8 +44,16 @@ def test_ddp_all_reduces_every_gradient_once(two_ranks):
 
 @pytest.mark.slow
 def test_zero1_adds_a_broadcast_of_the_updated_parameters(two_ranks):
-    c = two_ranks["zero1"][0]
-    assert c.payload == {"all_reduce": c.parameter_bytes, "broadcast": c.parameter_bytes}
+    """ZeroRedundancyOptimizer broadcasts each partition from its owner: at 2 ranks a rank sends
+    its own partition and, as the last receiver of the other's, nothing more."""
+    c0, c1 = two_ranks["zero1"]
+    p = c0.parameter_bytes
+    for c in (c0, c1):
+        assert set(c.payload) == {"all_reduce", "broadcast_root", "broadcast_last"}
+        assert c.payload["all_reduce"] == p and c.payload["broadcast_root"] + c.payload["broadcast_last"] == p
+    assert c0.payload["broadcast_root"] == c1.payload["broadcast_last"]
+    ddp = ring_bytes_sent(two_ranks["ddp"][0].payload, 2)
+    assert ring_bytes_sent(c0.payload, 2) + ring_bytes_sent(c1.payload, 2) == 2 * ddp + p  # one copy of the weights
 
 
 @pytest.mark.slow
@@ -56,7 +69,7 @@ def test_fsdp_gathers_the_parameters_twice_and_reduce_scatters_the_gradients(two
 def test_ring_bytes_sent_is_the_ring_algorithms_arithmetic():
     assert ring_bytes_sent({"all_reduce": 800}, 4) == 1200  # 2 (N-1)/N
     assert ring_bytes_sent({"all_gather": 800, "reduce_scatter": 400}, 4) == 900  # (N-1)/N
-    assert ring_bytes_sent({"broadcast": 100}, 8) == 100
+    assert ring_bytes_sent({"broadcast_root": 100, "broadcast_forward": 50, "broadcast_last": 70}, 8) == 150
     assert CommCount(rank=0, payload={"all_reduce": 5, "broadcast": 2}).total == 7
 
 

@@ -200,7 +200,10 @@ train_step(fitted[-1][0])  # recovered: the largest batch that fits still trains
 # ## 2. Moving a model to the device
 #
 # **Claim (B6).** GPUs have their own memory and relieve the host. A model moved to the GPU
-# takes the GPU's memory: its parameters' bytes, rounded up by the allocator to 512-byte blocks.
+# takes the GPU's memory: its parameters' bytes, in the blocks PyTorch's caching allocator hands
+# out. Each request is rounded up to 512 bytes; a tensor over 1 MiB gets a segment of its own
+# (rounded up to 2 MiB, or 20 MiB under 10 MiB), and when less than 1 MiB of that segment would be
+# left over, the whole segment is its block.
 #
 # **Predict.** A model with 8 M float32 parameters: how many bytes does it add to the device?
 
@@ -214,6 +217,21 @@ print(f"on the device before: {format_bytes(dev.allocated())}")
 big = torch.nn.Sequential(torch.nn.Linear(2000, 2000), torch.nn.Linear(2000, 2000))
 param_bytes = sum(p.numel() * p.element_size() for p in big.parameters())
 rounded = sum(-(-p.numel() * p.element_size() // 512) * 512 for p in big.parameters())
+
+
+MiB = 2**20
+
+
+def block_bytes(n: int) -> int:
+    """The block a fresh request of n bytes gets (CUDACachingAllocator: round_size, get_allocation_size, should_split)."""
+    n = -(-n // 512) * 512
+    if n <= MiB:
+        return n  # the small pool: carved out of 2 MiB segments
+    segment = 20 * MiB if n < 10 * MiB else -(-n // (2 * MiB)) * 2 * MiB
+    return n if segment - n > MiB else segment  # split only when more than 1 MiB remains
+
+
+blocks = sum(block_bytes(p.numel() * p.element_size()) for p in big.parameters())
 if dev.is_cuda:
     torch.zeros(1, device=dev.device)  # start CUDA first: its libraries cost host RAM of their own
 host_before = vramlab.snapshot().host.process_rss
@@ -223,7 +241,8 @@ device_delta = dev.allocated() - device_before
 host_delta = vramlab.snapshot().host.process_rss - host_before
 print(f"parameters: {big[0].weight.numel() * 2 + 4000:,} ({format_bytes(param_bytes)})"
       + (f"; predicted {format_bytes(prediction_bytes)}" if prediction_bytes is not None else ""))
-print(f"device memory   {format_bytes(device_delta, signed=True)}")
+print(f"device memory   {format_bytes(device_delta, signed=True)}  (512-byte rounding alone: "
+      f"{format_bytes(rounded)}; the allocator's blocks: {format_bytes(blocks)})")
 print(f"host RSS        {format_bytes(host_delta, signed=True)}")
 
 # %% [markdown]
@@ -236,7 +255,7 @@ print(f"host RSS        {format_bytes(host_delta, signed=True)}")
 # before measuring.
 
 # %%
-assert device_delta == rounded, (device_delta, rounded)
+assert device_delta == blocks, (device_delta, blocks)  # the allocator's blocks, not the bare bytes
 assert rounded - param_bytes < 512 * len(list(big.parameters()))
 
 # %% [markdown]

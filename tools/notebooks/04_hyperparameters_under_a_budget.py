@@ -13,10 +13,11 @@
 #
 # Lesson 02 showed that memory is linear in the batch size; here the batch is fixed and the model
 # changes. Without a CUDA GPU the device is a virtual card of 256 MiB, small enough that the CPU
-# reaches its border within seconds. On a real card every peak also holds the cuBLAS and cuDNN
-# workspaces, which the virtual card does not model. So the checks compare **increments**, the
-# difference between two measured peaks, in which a fixed workspace cancels, rather than ratios of
-# absolute peaks. (Not yet run on a real card: vramlab's GPU runs are reported in `docs/gpu-runs/`.)
+# reaches its border within seconds; it counts each tensor's bytes (`allocator="exact"`), since this
+# lesson is about how the tensors grow, and leaves the caching allocator's segments to lesson 07.
+# On a real card every peak also holds the cuBLAS and cuDNN workspaces and the allocator's
+# rounding. So the checks compare **increments**, the difference between two measured peaks, in
+# which a fixed workspace cancels, rather than ratios of absolute peaks. (Not yet run on a real card: vramlab's GPU runs are reported in `docs/gpu-runs/`.)
 
 # %%
 import matplotlib.pyplot as plt
@@ -31,7 +32,7 @@ from vramlab.lessons.hparams import ConvNet, checkpoint_segments, feasible_grid,
 from vramlab.lessons.predict import guess
 
 torch.manual_seed(0)
-dev = vramlab.pick_device(virtual="256MiB")
+dev = vramlab.pick_device(virtual="256MiB", allocator="exact")  # tensors' bytes (see above)
 LARGE = dev.large  # the one size switch: larger knobs and a larger budget on a big GPU
 MiB = 2**20
 BUDGET = 4096 * MiB if LARGE else 256 * MiB   # the budget of section 5 (on CUDA, a nominal one)
@@ -41,7 +42,10 @@ print(f"budget for the grid of section 5: {format_bytes(BUDGET)}")
 
 
 def train_peak(build, make_batch, amp: bool = False) -> int:
-    """The peak bytes of building a model and running one training step (forward, backward) on it."""
+    """The peak bytes of building a model and running one training step (forward, backward) on it,
+    from an empty allocator cache, as in a fresh process (what one point left cached would otherwise
+    change the next point's segments)."""
+    dev.cleanup()
     with dev.measure() as m:
         model = dev.put(build())
         x, y = make_batch()

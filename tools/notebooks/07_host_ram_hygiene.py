@@ -160,13 +160,16 @@ assert after_free < 1 * MiB, after_free
 # allocator**, not to the driver: `torch.cuda.memory_allocated()` falls, `memory_reserved()` does
 # not, and `nvidia-smi` still shows the process using it. The next tensor of a similar size reuses
 # the block without a slow `cudaMalloc`. `torch.cuda.empty_cache()` hands the unused blocks back to
-# the driver, for *other processes*; it never makes more memory available to this one. That is
-# what "frameworks with built-in memory management" do.
+# the driver. That does not make room for this process's PyTorch tensors (the allocator empties its
+# cache by itself before it reports an OOM); it makes room for other processes, and for what this
+# process takes outside PyTorch (NCCL's buffers, a library's own `cudaMalloc`). That is what
+# "frameworks with built-in memory management" do.
 #
-# **The virtual GPU does not model the cache**: on it, freed bytes leave the books at once. The
-# CUDA cell below runs only on a CUDA machine. What *is* real on a CPU is the same behaviour one
-# level down: small tensors are carved out of the C library's heap (glibc `malloc`), which keeps
-# freed chunks for reuse instead of returning them to the kernel, until `malloc_trim` is called
+# **The virtual GPU models this cache** (a port of PyTorch's caching allocator, see
+# `docs/virtual-gpu.md`), so the cell below runs on both: on a CUDA card it reads `torch.cuda`, on
+# the virtual one the same figures from the model. One level down, the host does the same: small
+# tensors are carved out of the C library's heap (glibc `malloc`), which keeps freed chunks for
+# reuse instead of returning them to the kernel, until `malloc_trim` is called
 # (`ramplan.release_free_heap()`), the host's `empty_cache()`.
 #
 # **Predict.** 200,000 tensors of 1 KiB each (about 200 MiB of host heap), then `del` of all but
@@ -176,21 +179,20 @@ assert after_free < 1 * MiB, after_free
 prediction_rss_drop_after_del_mib, prediction_rss_drop_after_trim_mib = None, None  # your guesses, MiB
 
 # %%
-if dev.is_cuda:  # CUDA only: the caching allocator itself
-    torch.cuda.empty_cache()
-    a0, r0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+dev.cleanup()  # gc, then empty_cache(): on CUDA and on the virtual GPU alike
+with dev.measure():  # the virtual GPU counts what is made inside
+    a0, r0 = dev.allocated(), dev.reserved()
     blocks = [torch.empty(8 * MiB, dtype=torch.uint8, device=dev.device) for _ in range(32)]
-    a1, r1 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    a1, r1 = dev.allocated(), dev.reserved()
     del blocks
-    a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    torch.cuda.empty_cache()
-    a3, r3 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    for label, a, r in (("start", a0, r0), ("32 x 8 MiB", a1, r1), ("del", a2, r2), ("empty_cache()", a3, r3)):
-        print(f"{label:<14} allocated {format_bytes(a - a0):>10}  reserved {format_bytes(r - r0):>10}")
-    assert a2 - a0 < MiB and r2 - r0 >= 256 * MiB  # freed, but still reserved
-    assert r3 - r0 < 8 * MiB  # returned to the driver
-else:
-    print("no CUDA GPU: the caching allocator is not modelled by the virtual GPU; see the host heap below")
+    a2, r2 = dev.allocated(), dev.reserved()
+    dev.cleanup()
+    a3, r3 = dev.allocated(), dev.reserved()
+for label, a, r in (("start", a0, r0), ("32 x 8 MiB", a1, r1), ("del", a2, r2), ("empty_cache()", a3, r3)):
+    print(f"{label:<14} allocated {format_bytes(a - a0):>10}  reserved {format_bytes(r - r0):>10}")
+assert a1 - a0 >= 256 * MiB and a2 - a0 < MiB  # allocated falls at del...
+assert r2 - r0 >= 256 * MiB  # ...reserved does not: freed, but still PyTorch's
+assert r3 - r0 < 8 * MiB  # returned to the driver
 
 # %%
 def rss() -> int:
@@ -227,6 +229,80 @@ if trimmed:  # glibc: the heap kept the memory until it was trimmed
     assert r1 - r0 > 150 * MiB, (r0, r1)
     assert r1 - r2 < 0.5 * (r1 - r0), (r1, r2)  # del alone returned less than half
     assert r2 - r3 > 0.5 * (r1 - r0), (r2, r3)  # the trim returned most of it
+
+# %% [markdown]
+# ### Cached, yet out of memory: fragmentation
+#
+# The cache holds whole **segments** that the allocator got from the driver (2 MiB ones for small
+# tensors, 20 MiB ones for tensors under 10 MiB, larger ones rounded up to 2 MiB). A segment goes
+# back to the driver only when none of its blocks is in use. On a small virtual card of 60 MiB, three
+# pairs of tensors, 2 MiB and 18 MiB, share three 20 MiB segments; then the 18 MiB ones are deleted.
+# The allocator does the same on a real card; the virtual one lets it happen in a second, on any
+# machine.
+#
+# **Predict.** 54 MiB are now cached and unused. Does a 30 MiB tensor fit? Does `empty_cache()` help?
+
+# %%
+prediction_30mib_fits, prediction_empty_cache_helps = None, None  # your guesses: True or False
+
+# %%
+card = vramlab.VirtualGPU("60MiB")  # the caching allocator's model, on a CUDA machine too
+frag_error = None
+with card:
+    keep, drop = [], []
+    for _ in range(3):  # each pair fills one 20 MiB segment
+        keep.append(torch.empty(2 * MiB, dtype=torch.uint8))
+        drop.append(torch.empty(18 * MiB, dtype=torch.uint8))
+    del drop
+    cached = card.reserved - card.allocated
+    card.empty_cache()
+    after_empty = card.reserved
+    try:
+        big = torch.empty(30 * MiB, dtype=torch.uint8)
+    except torch.OutOfMemoryError as e:
+        frag_error = e.with_traceback(None)
+    del keep
+print(f"allocated 6.00 MiB, reserved {format_bytes(after_empty)} after empty_cache(): "
+      f"{format_bytes(cached)} cached, in pieces of 18 MiB")
+print(f"30 MiB fits: {frag_error is None} ({guess(prediction_30mib_fits)}); empty_cache() released "
+      f"{format_bytes(card.max_reserved - after_empty)} ({guess(prediction_empty_cache_helps)})")
+print(str(frag_error).split("This device is")[0] if frag_error else "")
+
+
+def fifty_then_forty_then_56(conf: str) -> bool:
+    """A 50 MiB tensor freed, 40 MiB in its place, then 56 MiB, on a 100 MiB card: does it fit?"""
+    with vramlab.VirtualGPU("100MiB", alloc_conf=conf):
+        x = torch.empty(50 * MiB, dtype=torch.uint8)
+        del x
+        y = torch.empty(40 * MiB, dtype=torch.uint8)  # reuses the 50 MiB segment: 10 MiB stranded
+        try:
+            z = torch.empty(56 * MiB, dtype=torch.uint8)
+            del z
+            return True
+        except torch.OutOfMemoryError:
+            return False
+        finally:
+            del y
+
+
+fixed_fits = fifty_then_forty_then_56("")
+expandable_fits = fifty_then_forty_then_56("expandable_segments:True")
+print(f"fixed segments: 56 MiB fits {fixed_fits}; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: {expandable_fits}")
+
+# %% [markdown]
+# The message says it: most of the memory is "reserved by PyTorch but unallocated", and it
+# suggests `expandable_segments:True`. `empty_cache()` cannot help, because every segment still
+# holds a live 2 MiB tensor; before it reports the OOM the allocator already released every
+# segment it could. With **expandable segments** (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`,
+# set before torch starts) a segment grows by pages instead, so memory stranded at a segment's end
+# can be mapped again: the second program fits with it and not without. On a real card
+# `nvidia-smi` shows the reserved figure plus the CUDA context, whatever `memory_allocated()` says.
+
+# %%
+assert frag_error is not None and cached >= 30 * MiB  # more cached than asked, and still out of memory
+assert "reserved by PyTorch but unallocated" in str(frag_error)
+assert after_empty == 60 * MiB  # empty_cache() released nothing: each segment holds a live tensor
+assert not fixed_fits and expandable_fits  # expandable segments let the same program through
 
 # %% [markdown]
 # ## Exercises

@@ -49,7 +49,10 @@ MiB, GiB = 2**20, 2**30
 #    adapters (0.6% of the parameters) have gradients and optimizer state.
 #
 # Each peak is then set against four cards: the T4 (a "16 GB" card), the A100 and H100 (80 GB)
-# and the H200 (141 GB). What counts is not the datasheet's size but what tensors can get: the
+# and the H200 (141 GB). A card runs out when PyTorch's caching allocator cannot get another
+# segment, so the estimate models that allocator and compares what it **reserves** at the peak
+# (`Estimate.needed`, a little above the tensors' bytes) with the card. And what counts is not the
+# datasheet's size but what tensors can get: the
 # total the card reports (`nvidia-smi`: a T4 shows 15360 MiB) less the CUDA context, modelled as
 # 0.5 GiB (`GPUPreset.usable`; the sources are cited in `vramlab.sim.presets`). The T4 has no bf16
 # arithmetic: fp16 would be used there, with the same bytes.
@@ -91,24 +94,24 @@ n7 = results["full fp32, AdamW"].parameters
 print(f"{n7 / 1e9:.2f} B parameters; usable: "
       + ", ".join(f"{p.name} {format_bytes(p.usable)} (datasheet {p.datasheet_memory // GiB} GB)" for p in presets) + "\n")
 print("at the peak:")
-print(f"{'':<24}{'peak':>11}{'weights':>10}{'grads':>10}{'opt state':>11}{'activ.':>9}   "
+print(f"{'':<24}{'reserved':>11}{'peak':>11}{'weights':>10}{'grads':>10}{'opt state':>11}{'activ.':>9}   "
       + "".join(f"{p.name:>11}" for p in presets))
 fits = {}
 for name, e in results.items():
     b = e.breakdown
-    fits[name] = {p.name: e.peak <= p.usable for p in presets}
-    print(f"{name:<24}{e.peak / GiB:>8.1f} GiB{b['parameters'] / GiB:>7.1f} G{b['gradients'] / GiB:>7.1f} G"
+    fits[name] = {p.name: e.needed <= p.usable for p in presets}  # a card runs out on reserved memory
+    print(f"{name:<24}{e.needed / GiB:>8.1f} GiB{e.peak / GiB:>7.1f} GiB{b['parameters'] / GiB:>7.1f} G{b['gradients'] / GiB:>7.1f} G"
           f"{b['optimizer_state'] / GiB:>8.1f} G{(b['activations'] + b['other']) / GiB:>6.1f} G   "
           + "".join(f"{'fits' if fits[name][p.name] else '—':>11}" for p in presets))
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 2.8))
 names = list(results)
-ax.barh(names, [results[k].peak / GiB for k in names], color="#4e79a7")
+ax.barh(names, [results[k].needed / GiB for k in names], color="#4e79a7")
 for p, c in zip(presets, ("#e15759", "#59a14f", "#76b7b2", "#f28e2b")):
     ax.axvline(p.usable / GiB, color=c, ls="--", label=f"{p.name} usable")
 ax.invert_yaxis()
-ax.set_xlabel("estimated peak (GiB)")
+ax.set_xlabel("estimated peak reserved by the caching allocator (GiB)")
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -133,13 +136,13 @@ for name, e in results.items():
 print()
 for name, e in results.items():
     on = [p.name for p in presets if fits[name][p.name]]
-    print(f"{name:<24} peak {format_bytes(e.peak):>10}: fits {', '.join(on) if on else 'none of the four'}")
-margin = t4.usable - lora.peak
+    print(f"{name:<24} reserved {format_bytes(e.needed):>10}: fits {', '.join(on) if on else 'none of the four'}")
+margin = t4.usable - lora.needed
 low, high = 300 * MiB, 600 * MiB  # the range assumed for a CUDA context (vramlab.sim.presets)
-print(f"\nLoRA on the T4: peak {format_bytes(lora.peak)} against {format_bytes(t4.usable)} usable, "
+print(f"\nLoRA on the T4: reserved at the peak {format_bytes(lora.needed)} against {format_bytes(t4.usable)} usable, "
       f"{'room of ' + format_bytes(margin) if margin >= 0 else 'short by ' + format_bytes(-margin)}; "
-      f"with a context of {format_bytes(low)} it {'fits' if lora.peak <= t4.memory - low else 'does not fit'}, "
-      f"with {format_bytes(high)} it {'fits' if lora.peak <= t4.memory - high else 'does not fit'}")
+      f"with a context of {format_bytes(low)} it {'fits' if lora.needed <= t4.memory - low else 'does not fit'}, "
+      f"with {format_bytes(high)} it {'fits' if lora.needed <= t4.memory - high else 'does not fit'}")
 print(f"predicted to fit 80 GB: {guess(prediction_fits_80gb)}; estimated: {[k for k in fits if fits[k]['A100-80GB']]}")
 print(f"predicted to fit a T4: {guess(prediction_fits_t4)}; estimated: {[k for k in fits if fits[k]['T4']]}")
 print(f"predicted to fit the H200: {guess(prediction_fits_h200)}; estimated: {[k for k in fits if fits[k]['H200-141GB']]}")
@@ -209,6 +212,7 @@ print(f"1. fp32 SGD-momentum: {sgd['total']:.0f} bytes per parameter, {format_by
 build_lora, _, optim_lora = configs["frozen base + LoRA"]
 lora4 = vramlab.estimate(build_lora, big_batch, batch_size=4, optimizer=optim_lora, precision="bf16-true",
                          loss_fn=lm_loss_fp32, device="T4")
-print(f"2. LoRA, 4 sequences: peak {format_bytes(lora4.peak)} against the T4's {format_bytes(t4.usable)} usable "
-      f"({'fits' if lora4.peak <= t4.usable else 'short by ' + format_bytes(lora4.peak - t4.usable)}); "
+print(f"2. LoRA, 4 sequences: reserved at the peak {format_bytes(lora4.needed)} against the T4's "
+      f"{format_bytes(t4.usable)} usable "
+      f"({'fits' if lora4.needed <= t4.usable else 'short by ' + format_bytes(lora4.needed - t4.usable)}); "
       f"activations grow by {format_bytes((lora4.peak - lora.peak) / 3)} per sequence")

@@ -154,8 +154,8 @@ assert peak4["fsdp"] < max(r.peak for r in measured["fsdp", 2])  # and more rank
 # %% [markdown]
 # ## 3. What the saved memory costs: communication
 #
-# Every strategy sends data at every step, and the sharding strategies send more: what one rank
-# no longer keeps, it must fetch. `lessons.multigpu.communication_per_step_many` counts the bytes
+# Every strategy sends data at every step: what one rank no longer keeps, it must fetch.
+# `lessons.multigpu.communication_per_step_many` counts the bytes
 # of every collective of one step on real ranks: DDP's all-reduce of the gradients; ZeRO-1's
 # all-reduce and the broadcast of the updated weights; FSDP's all-gathers of each unit's weights,
 # before forward and again before backward, and the reduce-scatter of the gradients.
@@ -168,8 +168,8 @@ prediction_fsdp_traffic = None  # your guess: FSDP's bytes sent / DDP's
 # %%
 comm = communication_per_step_many(gpt, world_size=2, batch_size=batch_per_rank)
 param_bytes = comm["ddp"][0].parameter_bytes
-sent = {s: ring_bytes_sent(c[0].payload, 2) for s, c in comm.items()}
-print(f"parameters: {format_bytes(param_bytes)}; per rank and per step, 2 ranks:")
+sent = {s: sum(ring_bytes_sent(c.payload, 2) for c in counts) / len(counts) for s, counts in comm.items()}
+print(f"parameters: {format_bytes(param_bytes)}; per step, 2 ranks (rank 0's collectives; sent: the ranks' mean):")
 for s, counts in comm.items():
     c = counts[0]
     kinds = ", ".join(f"{k} {format_bytes(v)} ({c.calls[k]} calls)" for k, v in c.payload.items())
@@ -180,8 +180,13 @@ print(f"FSDP / DDP: x{sent['fsdp'] / sent['ddp']:.2f} ({guess(prediction_fsdp_tr
 # %% [markdown]
 # The counts are those of the collectives torch called. The ring algorithm's arithmetic turns
 # them into bytes sent: an all-reduce of `S` bytes sends `2 (N-1)/N · S`, an all-gather or a
-# reduce-scatter `(N-1)/N · S`. So DDP sends the gradients' bytes once at 2 ranks (nearly twice
-# at many), and ZeRO-1 adds a broadcast of the updated weights. FSDP gathers each unit's weights
+# reduce-scatter `(N-1)/N · S`, a broadcast `S` from its root and from every receiver that passes it
+# on down the chain, nothing from the last receiver. So DDP sends the gradients' bytes once at 2
+# ranks (nearly twice at many). In the ZeRO paper, stages 1 and 2 send what DDP sends (a
+# reduce-scatter of the gradients and an all-gather of the updated weights move what one all-reduce
+# moves). torch's `ZeroRedundancyOptimizer` is built differently: it keeps DDP's all-reduce and then
+# broadcasts each rank's updated partition from its owner; at 2 ranks each rank sends its own half
+# and receives the other's, 1.5 times DDP's bytes on average. FSDP gathers each unit's weights
 # before forward and again before backward, and reduce-scatters the gradients: 1.5 times DDP's
 # bytes when every weight sits in a unit that is freed after forward. FSDP2 keeps the root's own
 # weights (here the embedding and the last layers, outside the blocks) from forward to backward,
@@ -195,7 +200,9 @@ assert comm["ddp"][0].payload == {"all_reduce": param_bytes}  # every gradient, 
 gathered = comm["fsdp"][0].payload["all_gather"]
 assert param_bytes < gathered < 2 * param_bytes  # the blocks' weights twice, the root's once
 assert 1.0 < sent["fsdp"] / sent["ddp"] <= 1.5, sent  # more than DDP, at most 1.5 times
-assert abs(comm["zero1"][0].payload["broadcast"] / param_bytes - 1) < 0.01  # ZeRO-1 sends the updated weights
+zero1_roots = sum(c.payload.get("broadcast_root", 0) for c in comm["zero1"])
+assert abs(zero1_roots / param_bytes - 1) < 0.01  # torch's ZeRO-1: every updated weight, sent once by its owner
+assert abs(sent["zero1"] / sent["ddp"] - 1.5) < 0.01  # DDP's all-reduce plus half the weights per rank
 
 # %% [markdown]
 # ## 4. A 7B fine-tune on 8 × H100
@@ -207,7 +214,8 @@ assert abs(comm["zero1"][0].payload["broadcast"] / param_bytes - 1) < 0.01  # Ze
 # autocast, ZeRO-1/2 with 16-bit working weights and an fp32 master copy of the rank's partition,
 # FSDP with fp32 shards gathered in bf16. On eight H100 80GB cards, one sequence of 512 tokens per
 # rank, the estimate gives each strategy's rank peak and the model states a rank holds when the
-# optimizer step ends, set against what an H100 offers tensors (`GPUPreset.usable`).
+# optimizer step ends; what PyTorch's caching allocator reserves at the peak (`Estimate.needed`,
+# as in lesson 09) is set against what an H100 offers tensors (`GPUPreset.usable`).
 #
 # **Predict.** Which strategies fit?
 
@@ -225,9 +233,10 @@ paper = {"ddp": 16 * psi, "zero1": 4 * psi + 12 * psi / n_ranks, "zero2": 2 * ps
 print(f"{psi / 1e9:.2f} B parameters, bf16-mixed, 8 ranks; model states when the optimizer step ends:")
 for s, e in seven.items():
     print(f"{s:<6} model states {format_bytes(e.model_states_total):>11} (paper's formula {format_bytes(paper[s]):>11}, "
-          f"x{e.model_states_total / paper[s]:.2f}); rank peak {format_bytes(e.peak):>11} of "
-          f"{format_bytes(h100.usable)} usable: {'fits' if e.peak <= h100.usable else 'does not fit'}")
-fit_8 = [s for s, e in seven.items() if e.peak <= h100.usable]
+          f"x{e.model_states_total / paper[s]:.2f}); rank peak {format_bytes(e.peak):>11}, reserved "
+          f"{format_bytes(e.needed):>11} of {format_bytes(h100.usable)} usable: "
+          f"{'fits' if e.needed <= h100.usable else 'does not fit'}")
+fit_8 = [s for s, e in seven.items() if e.needed <= h100.usable]  # a card runs out on reserved memory
 print(f"fit: {fit_8} ({guess(prediction_fit_8xh100)})")
 
 # %% [markdown]
@@ -239,12 +248,13 @@ print(f"fit: {fit_8} ({guess(prediction_fit_8xh100)})")
 # buckets unless `gradient_as_bucket_view=True` (the gradients' bytes again: 4 more per parameter
 # in fp32 under DDP's autocast, 2 more in bf16 under ZeRO-1, which runs DDP), and ZeRO's
 # partitions are whole tensors, so a rank's share is not exactly an eighth. For ZeRO the estimate runs rank 0 and the rank whose partition holds the most elements
-# (`rank="all"` runs all eight). For the same job the sharding strategies send more bytes per step
-# (section 3), which on eight cards linked by NVLink is usually a good trade.
+# (`rank="all"` runs all eight). For the same job FSDP sends up to 1.5 times DDP's bytes per step
+# and torch's ZeRO-1 adds a broadcast (section 3), which on eight cards linked by NVLink is usually
+# a good trade.
 
 # %%
-assert seven["ddp"].peak > h100.usable  # replicated: 16 bytes per parameter do not fit 80 GB
-assert seven["fsdp"].peak < h100.usable  # sharded eight ways: it fits
+assert seven["ddp"].needed > h100.usable  # replicated: 16 bytes per parameter do not fit 80 GB
+assert seven["fsdp"].needed < h100.usable  # sharded eight ways: it fits
 assert seven["fsdp"].peak < seven["zero2"].peak < seven["zero1"].peak < seven["ddp"].peak
 assert abs(seven["fsdp"].model_states_total / paper["fsdp"] - 1) < 0.01  # 16 bytes per parameter / 8
 assert abs(seven["ddp"].model_states_total / (paper["ddp"] + 4 * psi) - 1) < 0.01  # + the buckets' fp32 copy
@@ -308,8 +318,9 @@ assert after.children_count <= before.children_count  # the workers are gone wit
 #   copy of the gradients.
 # - ZeRO-1, ZeRO-2 and FSDP divide the optimizer state, then the gradients, then the weights by
 #   the number of ranks; the activations stay whole.
-# - The memory saved is paid in traffic: FSDP sends up to 1.5 times DDP's bytes per step, ZeRO-1
-#   twice DDP's at 2 ranks.
+# - The memory saved can cost traffic: FSDP (the paper's stage 3) sends up to 1.5 times DDP's bytes
+#   per step; the paper's stages 1 and 2 send what DDP sends, and torch's ZeRO-1, which adds a
+#   broadcast to DDP's all-reduce, 1.5 times at 2 ranks.
 # - `vramlab.estimate(..., world_size=N, strategy=...)` predicts a rank's peak from the wrappers'
 #   own allocations, and `vramlab.distributed.report()` shows every rank's memory from inside a
 #   `torchrun` script (`docs/distributed.md`).

@@ -19,10 +19,14 @@ The Python-level collectives (``broadcast``, ``all_reduce``, ``all_gather_single
 ``reduce_scatter_single``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``) are counted by
 wrapping ``torch.distributed``'s functions in each rank. **Payload** is the tensor the call
 moves: the buffer of an all-reduce or a broadcast, the *gathered* output of an all-gather, the
-*unreduced* input of a reduce-scatter. :func:`ring_bytes_sent` converts payloads into what one
-rank sends under the ring algorithm (an all-reduce sends ``2 (N-1)/N`` of its buffer, an
-all-gather or a reduce-scatter ``(N-1)/N``, a broadcast at most the buffer): arithmetic on the
-counted payloads, not a measurement of the wire. NCCL on GPUs picks other algorithms (trees,
+*unreduced* input of a reduce-scatter. A broadcast is counted by this rank's place in it:
+``broadcast_root`` (the rank sends the buffer), ``broadcast_forward`` (a receiver that passes it
+on) and ``broadcast_last`` (the last receiver, which sends nothing), as in a ring (chain)
+broadcast from the root ``src`` through ``src+1, ...`` to ``src-1``: at 2 ranks the receiver sends
+nothing. :func:`ring_bytes_sent` converts payloads into what one rank sends under the ring
+algorithm (an all-reduce sends ``2 (N-1)/N`` of its buffer, an all-gather or a reduce-scatter
+``(N-1)/N``, a broadcast the buffer from its root and from each forwarding receiver, nothing from
+the last): arithmetic on the counted payloads, not a measurement of the wire. NCCL on GPUs picks other algorithms (trees,
 NVLS) for some sizes; no GPU run has checked these counts there.
 
 Sizes are in bytes.
@@ -55,7 +59,8 @@ class CommCount:
     Attributes:
         rank: the rank.
         payload: bytes per collective kind (``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``,
-            ``"broadcast"``), as defined in the module's docs.
+            ``"broadcast_root"``, ``"broadcast_forward"``, ``"broadcast_last"``), as defined in the
+            module's docs.
         calls: number of calls per kind.
         parameter_bytes: the bytes of the full (unsharded) model's parameters.
     """
@@ -74,7 +79,8 @@ class CommCount:
 def ring_bytes_sent(payload: dict[str, int], world_size: int) -> int:
     """Bytes one rank sends for these payloads under the ring algorithm (module docs)."""
     n = world_size
-    f = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n, "broadcast": 1.0}
+    f = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+         "broadcast_root": 1.0, "broadcast_forward": 1.0, "broadcast_last": 0.0}
     return int(sum(f[k] * v for k, v in payload.items()))
 
 
@@ -110,6 +116,15 @@ def _local_bytes(t: Any) -> int:
     return int(t.numel() * t.element_size())
 
 
+def _broadcast_role(src: int, group: Any = None) -> str:
+    """This rank's place in a chain broadcast from ``src`` (a global rank): root, forwarding
+    receiver, or the last receiver (``src - 1``, which passes nothing on)."""
+    rank, n = dist.get_rank(), dist.get_world_size(group)
+    if rank == src:
+        return "broadcast_root"
+    return "broadcast_last" if rank == (src - 1) % n else "broadcast_forward"
+
+
 def _wrap_collectives(counter: _Counter) -> None:
     for name in _COUNTED:
         fn = getattr(dist, name, None)
@@ -124,6 +139,8 @@ def _wrap_collectives(counter: _Counter) -> None:
                 t = kw.get("tensor", kw.get("input", args[0] if args else None))
                 if kind == "reduce_scatter":
                     t = kw.get("input", args[1] if len(args) > 1 else t)
+            if kind == "broadcast":
+                kind = _broadcast_role(kw.get("src", args[1] if len(args) > 1 else 0), kw.get("group"))
             if isinstance(t, torch.Tensor):
                 counter.add(kind, _local_bytes(t))
             return _fn(*args, **kw)

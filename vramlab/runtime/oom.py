@@ -190,8 +190,10 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
         if fit_bs is not None:
             per = need / bs
             suggestions.append(tr(
-                "batch size {bs} -> at most {fit}: the cell wanted at least {need} ({per} per sample) "
-                "and {budget} was available to it", bs=bs, fit=fit_bs, need=format_bytes(need),
+                "batch size {bs} -> at most {fit}, an upper bound: the cell wanted at least {need} ({per} per "
+                "sample, as if all of it grew with the batch) and {budget} was available to it; what does not "
+                "grow with the batch (weights, optimizer state) makes the true limit lower, and "
+                "vramlab.find_max_batch_size finds it exactly", bs=bs, fit=fit_bs, need=format_bytes(need),
                 per=format_bytes(per), budget=format_bytes(budget)))
     elif requested is not None and free is not None and requested > 0:
         suggestions.append(tr("shrink what this step holds at once (the batch) to at most {pct}% of the failed "
