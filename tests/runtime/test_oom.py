@@ -51,19 +51,54 @@ def test_fragmentation_is_not_the_cause_when_free_and_cache_fall_short():
     assert not any("expandable_segments" in s for s in ex.suggestions)
 
 
-def test_batch_size_suggestion_uses_measured_cost():
+def _record(peak_delta: int):
+    from vramlab.model import CellRecord, DeviceDelta, HostDelta
+
+    host = HostDelta(rss_start=0, rss_end=0, rss_delta=0, peak=None, peak_delta=None, swap_delta=None, peak_exact=False)
+    dev = DeviceDelta(id="cuda:0", allocated_start=0, allocated_delta=0, peak_allocated=peak_delta,
+                      peak_allocated_delta=peak_delta, reserved_delta=0, nvml_delta=None)
+    return CellRecord(execution_count=1, started=0.0, wall_s=0.1, error="OutOfMemoryError", host=host, devices=(dev,))
+
+
+def test_batch_size_suggestion_uses_the_cells_measured_growth():
+    """With the cell's record: it wanted at least what it allocated plus the request, and had at
+    most that plus what was free; bs * budget / need is an upper bound, and said to be one."""
     import torch
 
     ns = {"batch_size": 64}
-    ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), ns)
-    # wanted >= 2 GiB (the request), usable 1.5 GiB (the 1.75 GiB fragmented cache is not): 64 * 1.5 / 2
-    assert ex.batch_size == 64 and ex.fitting_batch_size == 48
-    ns = {"bs": 64}
-    msg = CUDA_MSG.replace("1.50 GiB is free", "256.00 MiB is free").replace("1.75 GiB is reserved", "0 bytes is reserved")
-    ex = explain_oom(torch.OutOfMemoryError(msg), ns)
-    assert ex.fitting_batch_size == 64 * 256 // 2048
-    assert "batch size 64 -> at most 8" in ex.suggestions[0]
+    ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), ns, _record(2 * GiB))
+    # wanted >= 2 GiB + 2 GiB (the request); 2 GiB + 1.5 GiB free (the fragmented cache is not usable): 64 * 3.5 / 4
+    assert ex.batch_size == 64 and ex.fitting_batch_size == 56
+    assert "batch size 64 -> at most 56, an upper bound" in ex.suggestions[1]
     assert "%vram free" in ex.text()
+
+
+def test_without_the_cells_record_only_halving_is_advised():
+    """The failed request alone says nothing of the rest of the step: no batch is derived."""
+    import torch
+
+    msg = CUDA_MSG.replace("1.50 GiB is free", "256.00 MiB is free").replace("1.75 GiB is reserved", "0 bytes is reserved")
+    ex = explain_oom(torch.OutOfMemoryError(msg), {"bs": 64})
+    assert ex.batch_size == 64 and ex.fitting_batch_size is None
+    assert ex.suggestions[0].startswith("batch size 64 -> try 32") and "only halving" in ex.suggestions[0]
+
+
+def test_the_upper_bound_holds_for_a_step_with_a_fixed_part():
+    """A step of F + k * b bytes on a budget B fails at b: the bound from its record is never
+    below the true limit (B - F) / k."""
+    import torch
+
+    F, k, B = 300 * MiB, 3 * MiB, 1024 * MiB
+    limit = (B - F) // k
+    for b in (limit + 1, 2 * limit, 5 * limit):
+        cell = F + k * b  # what the step would hold; it fails at B, asking for the part that did not fit
+        allocated = B - 64 * MiB  # what it held when the next request failed
+        request = min(cell - allocated, 512 * MiB)
+        msg = (f"CUDA out of memory. Tried to allocate {request / MiB:.2f} MiB. GPU 0 has a total capacity of "
+               f"{B / MiB:.2f} MiB of which 64.00 MiB is free. Of the allocated memory {allocated / MiB:.2f} MiB is "
+               "allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated.")
+        ex = explain_oom(torch.OutOfMemoryError(msg), {"batch_size": b}, _record(allocated))
+        assert ex.fitting_batch_size is not None and limit <= ex.fitting_batch_size < b
 
 
 def test_largest_consumers_from_the_namespace():

@@ -15,6 +15,7 @@
 # on a real card, where the wall is further away.
 
 # %%
+import statistics
 import time
 
 import matplotlib.pyplot as plt
@@ -66,7 +67,7 @@ def train_step(batch_size: int) -> None:
     opt.step()
 
 
-def samples_per_second(batch_size: int, rounds: int = 5, min_time: float = 0.02) -> float:
+def samples_per_second(batch_size: int, rounds: int = 5, min_time: float = 0.05) -> float:
     """Median throughput of ``rounds`` timed rounds, after two warm-up steps."""
     for _ in range(2):
         train_step(batch_size)
@@ -131,11 +132,18 @@ print(f"memory: {format_bytes(fixed)} fixed + {format_bytes(per_sample)} per sam
 
 # %% [markdown]
 # The out-of-memory error is an ordinary exception: it was caught, the step's tensors were
-# released, and the loop went on. vramlab reads such an error and says what to do about it:
+# released, and the loop went on. vramlab reads such an error and says what to do about it (the
+# remedies, in the order to try them, are listed in `docs/oom-checklist.md`):
 
 # %%
 explanation = vramlab.explain_oom(oom[1], {"batch_size": oom[0]})
 print(explanation.text())
+advised = oom[0] // 2  # no record of this step was taken, so the advice is to halve: run it
+with dev.measure() as m:
+    train_step(advised)
+print(f"batch {advised:,}, as advised: peak {format_bytes(m.peak)}, it fits")
+assert explanation.fitting_batch_size is None  # nothing derived without a record of the step...
+assert f"{oom[0]} -> " in explanation.suggestions[0] and str(advised) in explanation.suggestions[0]  # ...halve
 
 # %%
 batches = [r[0] for r in results]
@@ -162,12 +170,12 @@ fit_thr = [t for (b, p, t) in results if p is not None]
 speedup = max(fit_thr) / throughput[0]
 saturated_at = next(b for b, _, t in results if t >= 0.9 * best)  # first batch within 10% of the best
 gains = [throughput[i + 1] / throughput[i] for i in range(len(throughput) - 1)]
-early, late = sum(gains[:3]) / 3, sum(gains[-3:]) / 3
+early, late = statistics.median(gains[:4]), statistics.median(gains[-4:])  # medians: robust to one noisy timing
 need_at_saturation = fixed + per_sample * saturated_at
 print(f"predicted {prediction_speedup}x; measured {speedup:.1f}x from batch 1 to the best batch that fits"
       if prediction_speedup is not None else
       f"measured {speedup:.1f}x from batch 1 to the best batch that fits")
-print(f"each doubling gained {early:.2f}x on average over the first three, {late:.2f}x over the last three")
+print(f"the median gain per doubling was {early:.2f}x over the first four doublings, {late:.2f}x over the last four")
 print(f"throughput comes within 10% of its best at batch {saturated_at:,}, where a step needs "
       f"{format_bytes(need_at_saturation)}: {need_at_saturation / dev.capacity:.1%} of this card's "
       f"{format_bytes(dev.capacity)}; the wall is at batch {oom[0]:,}")
@@ -187,7 +195,7 @@ print("throughput was still rising at the wall: memory stopped the batch before 
 # big GPU it is the other way round: throughput saturates at a batch that needs a small fraction of
 # the card, and the wall sits far beyond it. **"More VRAM means more parallelism" is true only up
 # to saturation.** Past it, more memory buys a larger batch, not a faster epoch. Whether a larger
-# batch is worth having is a training question: see lesson 04.
+# batch is worth having is a training question: see lesson 02.
 
 # %%
 assert oom is not None and oom[1].__class__ is torch.OutOfMemoryError  # the wall was hit

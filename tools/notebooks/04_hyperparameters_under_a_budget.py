@@ -132,8 +132,9 @@ fig.tight_layout()
 # batch the peak comes at the end of backward, when every gradient exists and the activations
 # have been freed. Width enters
 # squared through the weights and linearly through the activations. At this small batch the
-# weights win (the w² share printed above), so each doubling of the width adds nearly four times
-# what the previous doubling added. (With a large batch or long sequences the activations dominate
+# weights win (the w² share printed above), so each doubling of the width adds several times
+# what the previous doubling added: the ratio printed above, which would be 4 if the weights alone
+# counted. (With a large batch or long sequences the activations dominate
 # instead, and width costs closer to linearly.)
 
 # %%

@@ -14,8 +14,8 @@
 #    saves nothing in a dense tensor, while removing whole neurons (structured pruning) does.
 #
 # Lesson 03 measured what fewer bytes save on the link between host and GPU; here it is the model
-# itself, at rest on the device, and what the fewer bytes cost in accuracy. Lesson 09 uses these
-# figures for a 7B-parameter model.
+# itself, at rest on the device, and what the fewer bytes cost in accuracy. Lesson 09 applies the
+# same bytes per parameter to a 7B-parameter model's optimizer state (an 8-bit AdamW).
 #
 # Nothing here is near the card's capacity, so the device is a T4-sized virtual GPU when there is no
 # CUDA GPU (the same card lesson 02 used for its presets); what matters is that every byte is counted.
@@ -202,8 +202,8 @@ fig.tight_layout()
 # %% [markdown]
 # For int8 the article's claim holds here: about a quarter of the bytes, and the accuracy moves by
 # a fraction of a point (each weight is off by at most half a quantisation step, 1/254 of its row's
-# largest weight). int4 has only 16 levels per group, so each weight's error is about 16 times
-# larger; on this small, well-conditioned model it still cost little, because the groups of 64
+# largest weight). int4 has only 16 levels per group: its step is 1/14 of the group's largest
+# weight, so each weight's error bound is up to 254/14, about 18 times int8's; on this small, well-conditioned model it still cost little, because the groups of 64
 # keep the scales local. That is a measurement on *this* model: "without compromising accuracy" is
 # a property of a format, a quantisation method *and* a model, and must be checked as here, on
 # held-out data, for each model you quantise.

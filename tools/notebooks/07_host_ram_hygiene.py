@@ -297,6 +297,7 @@ print(f"fixed segments: 56 MiB fits {fixed_fits}; PYTORCH_CUDA_ALLOC_CONF=expand
 # set before torch starts) a segment grows by pages instead, so memory stranded at a segment's end
 # can be mapped again: the second program fits with it and not without. On a real card
 # `nvidia-smi` shows the reserved figure plus the CUDA context, whatever `memory_allocated()` says.
+# The remedies for an out-of-memory error, in the order to try them: `docs/oom-checklist.md`.
 
 # %%
 assert frag_error is not None and cached >= 30 * MiB  # more cached than asked, and still out of memory

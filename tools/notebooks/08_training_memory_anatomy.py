@@ -157,7 +157,7 @@ formula = {p: finetune.training_bytes_per_parameter("adamw", p)["total"] for p i
 print(f"autocast's weight copies: {copies:.2f} bytes per parameter during the forward "
       f"({guess(prediction_autocast_copy_bytes)}); {kept:.2f} still held for backward after it")
 print(f"fp32 Adam: measured {bpp['total']:.2f}, formula {formula['fp32']:g};  "
-      f"autocast Adam: measured 16 + {copies:.2f} = {amp_total:.2f}, formula {formula['amp']:g};  "
+      f"autocast Adam: 16 + the measured copies {copies:.2f} = {amp_total:.2f}, formula {formula['amp']:g};  "
       f"pure bf16 Adam: formula {formula['bf16']:g} (see below: it loses small updates)")
 del mlp, x
 dev.cleanup()

@@ -165,7 +165,8 @@ print(f"predicted to fit the H200: {guess(prediction_fits_h200)}; estimated: {[k
 #   right at a T4's size. Whether it fits depends on what the card really reports and on the CUDA
 #   context, which is why the T4 line above prints the margin and both ends of the assumed
 #   context range. A margin smaller than that range is not a "fits": measure on the card, or buy
-#   room with a shorter sequence, gradient checkpointing, or a quantised base (QLoRA, lesson 05).
+#   room with a shorter sequence, gradient checkpointing, or a quantised base (QLoRA keeps
+#   the frozen base in 4 bits; lesson 05 measures what 4-bit weights take and cost).
 #
 # Longer sequences or larger batches add activations on top of every row (lesson 04), and
 # gradient checkpointing buys them back.

@@ -176,25 +176,31 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
             break
     fit_bs = None
     suggestions: list[str] = []
-    if bs is not None and requested is not None and free is not None:
-        cell_alloc = 0
-        if record is not None:
-            deltas = [d.peak_allocated_delta or 0 for d in record.devices]
-            cell_alloc = max(deltas, default=0)
-        need = cell_alloc + requested  # at least this much was wanted by the cell
+    deltas = [d.peak_allocated_delta for d in record.devices if d.peak_allocated_delta is not None] \
+        if record is not None else []
+    if bs is not None and requested is not None and free is not None and deltas:
+        # the cell's own growth is known: it wanted at least what it allocated plus the failed
+        # request, and had at most that allocation plus what was free. If memory grew in
+        # proportion to the batch, bs * budget / need would be the limit; whatever does not grow
+        # with the batch makes the true limit lower, so it is an upper bound.
+        cell_alloc = max(max(deltas), 0)
+        need = cell_alloc + requested
         budget = cell_alloc + free  # the fragmented cache is not usable
-        if need > 0:
-            fit_bs = max(int(bs * budget // need), 0)
-            if fit_bs >= bs:
-                fit_bs = bs - 1
-        if fit_bs is not None:
-            per = need / bs
-            suggestions.append(tr(
-                "batch size {bs} -> at most {fit}, an upper bound: the cell wanted at least {need} ({per} per "
-                "sample, as if all of it grew with the batch) and {budget} was available to it; what does not "
-                "grow with the batch (weights, optimizer state) makes the true limit lower, and "
-                "vramlab.find_max_batch_size finds it exactly", bs=bs, fit=fit_bs, need=format_bytes(need),
-                per=format_bytes(per), budget=format_bytes(budget)))
+        fit_bs = min(max(int(bs * budget // need), 0), bs - 1)
+        per = need / bs
+        suggestions.append(tr(
+            "batch size {bs} -> at most {fit}, an upper bound: the cell wanted at least {need} ({per} per "
+            "sample, as if all of it grew with the batch) and {budget} was available to it; what does not "
+            "grow with the batch (weights, optimizer state) makes the true limit lower, and "
+            "vramlab.find_max_batch_size finds it exactly", bs=bs, fit=fit_bs, need=format_bytes(need),
+            per=format_bytes(per), budget=format_bytes(budget)))
+    elif bs is not None and bs > 1:
+        # without the cell's own measurement, the failed request says nothing about the rest of
+        # the step: no batch can be derived, only halving advised
+        suggestions.append(tr(
+            "batch size {bs} -> try {half}: vramlab did not measure this cell (%vram auto on, or %%vram, "
+            "does), so only halving can be advised; vramlab.find_max_batch_size finds the largest batch "
+            "that fits", bs=bs, half=bs // 2))
     elif requested is not None and free is not None and requested > 0:
         suggestions.append(tr("shrink what this step holds at once (the batch) to at most {pct}% of the failed "
                               "request's size", pct=f"{100.0 * free / requested:.0f}"))
