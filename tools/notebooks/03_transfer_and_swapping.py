@@ -11,8 +11,8 @@
 # (B2).
 #
 # **Correction (A4).** PyTorch does not swap. When a tensor does not fit on the card, PyTorch
-# raises `torch.OutOfMemoryError` (lesson 01 hits that wall; section 1 shows it again), and
-# nothing moves to host RAM. Data crosses between host and GPU only when code asks for it:
+# raises `torch.OutOfMemoryError` (lesson 01 hits that wall; section 1 shows it again; what to try
+# then, in order: `docs/oom-checklist.md`), and nothing moves to host RAM. Data crosses between host and GPU only when code asks for it:
 #
 # - **explicit offload**: `torch.autograd.graph.save_on_cpu` keeps the activations saved for
 #   backward in host memory (section 3); DeepSpeed's ZeRO-Offload keeps the optimizer state in

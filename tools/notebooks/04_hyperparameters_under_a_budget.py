@@ -324,7 +324,8 @@ assert all(0.95 < ema[bt] / param_bytes < 1.05 for bt in reg_batches), ema  # EM
 # A hyper-parameter search over two knobs of the CNN: image side and width multiplier (1 to 4: 16
 # to 64 channels in the first block), batch 16. Each point of the grid is one measured training
 # step; a point is feasible when its peak fits the budget (on the virtual card the budget *is* the
-# card, so the step that does not fit raises `torch.OutOfMemoryError`, caught by `feasible_grid`).
+# card, so the step that does not fit raises `torch.OutOfMemoryError`, caught by `feasible_grid`;
+# what to try when a real run meets it, in order: `docs/oom-checklist.md`).
 # Then the same grid with mixed precision (`torch.autocast` with bf16) and with gradient
 # checkpointing of each block (`ConvNet(checkpoint=True)`).
 #
