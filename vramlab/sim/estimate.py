@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import html
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -62,7 +61,7 @@ from .step import (OPTIMIZERS, apply_checkpoint, build_on_meta, check_args, chec
                    count_params, init_parameters, make_optimizer, materialize, run_steps)
 from .strategies import (STRATEGIES, ZeRO1, ZeRO2, device_mesh, optimizer_class, prepare,  # noqa: E402
                          ranks_to_estimate, resolve_strategy, zero2_candidates, zero_partition)
-from .virtual_gpu import ALLOCATORS, VirtualGPU  # noqa: E402
+from .virtual_gpu import VirtualGPU, allocator_conf  # noqa: E402
 
 __all__ = ["Estimate", "estimate", "Target", "target", "make_estimate", "MODEL_STATES", "OPTIMIZERS",
            "allocator_conf", "resolve_allocator"]
@@ -217,18 +216,6 @@ def resolve_allocator(allocator: Optional[str], alloc_conf: Optional[str], tgt: 
     if allocator is None:
         return "caching" if alloc_conf is not None else tgt.allocator
     return allocator
-
-
-def allocator_conf(allocator: str, alloc_conf: Optional[str]) -> Optional[AllocConf]:
-    """The caching allocator's options for ``allocator="caching"`` (``alloc_conf`` or the
-    environment's ``PYTORCH_CUDA_ALLOC_CONF``), ``None`` for ``"exact"``; one ``ValueError`` else."""
-    if allocator not in ALLOCATORS:
-        raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
-    if allocator == "exact":
-        if alloc_conf is not None:
-            raise ValueError("alloc_conf applies to allocator='caching'")
-        return None
-    return AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if alloc_conf is None else alloc_conf)
 
 
 def _books(conf: Optional[AllocConf]) -> Optional[CachingAllocator]:

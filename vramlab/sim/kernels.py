@@ -304,6 +304,15 @@ def _round(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _empty_in_layout(t: torch.Tensor, last: int) -> torch.Tensor:
+    """A new tensor of ``t``'s shape and dtype with the last dimension ``last``, its dimensions in
+    ``t``'s memory order (cuDNN's ``alloc_with_matching_layout``): one allocation."""
+    strides = t.stride()
+    order = sorted(range(t.dim()), key=lambda i: -strides[i])
+    shape = [*t.shape[:-1], last]
+    return torch.empty([shape[i] for i in order], dtype=t.dtype).permute(*[order.index(i) for i in range(t.dim())])
+
+
 class _FusedAttention(torch.autograd.Function):
     """Flash, memory-efficient or cuDNN attention, allocating and saving what the CUDA kernel
     does (module docs); the values are computed on the CPU with the ledger paused and copied
@@ -333,9 +342,7 @@ class _FusedAttention(torch.autograd.Function):
                 scratch = torch.empty((c.b, c.sq, c.h, c.dv), dtype=torch.float32)
                 del scratch
         else:  # cuDNN: output in q's layout, softmax stats (b, h, sq, 1), seed and offset on the device
-            out = torch.empty_like(qs[..., : c.dv] if c.dv <= c.d else qs)
-            if out.shape[-1] != c.dv:
-                out = torch.empty((c.b, c.h, c.sq, c.dv), dtype=q.dtype)
+            out = _empty_in_layout(qs, c.dv)
             lse = torch.empty((c.b, c.h, c.sq, 1) if c.requires_grad else (0,), dtype=torch.float32)
             extra = [torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64)]
         out[..., : c.dv].copy_(val) if pad else out.copy_(val)

@@ -263,30 +263,24 @@ class Ledger(TorchDispatchMode):
         if raw == rec.raw:
             self._release(self._pending.pop(id(st), None))
             return
+        old = None
         if self.allocator is not None:  # as CUDA resizes a storage: a new block, the copy, the old one freed
             block = self._pending.pop(id(st), None)
             if block is None and raw > 0:
                 block = self._malloc(raw)
             old, rec.block = rec.block, block
-            with self.lock:
-                counted = block.size if block is not None else 0
-                delta = counted - rec.counted
-                rec.raw, rec.counted = raw, counted
-                self.allocated += delta
-                self.cats[rec.cat] += delta
-            self._bump_peak()
-            self._release(old)
-            return
-        counted = self.size_of(raw)
-        delta = counted - rec.counted
-        if check:
-            self.check(delta)
+            counted = block.size if block is not None else 0
+        else:
+            counted = self.size_of(raw)
+            if check:
+                self.check(counted - rec.counted)
         with self.lock:
-            rec.raw = raw
-            rec.counted = counted
+            delta = counted - rec.counted
+            rec.raw, rec.counted = raw, counted
             self.allocated += delta
             self.cats[rec.cat] += delta
         self._bump_peak()
+        self._release(old)
 
     def admit(self, storages: list[torch.UntypedStorage], cat: str) -> int:
         """Count new storages all-or-nothing; raise the OOM when they do not fit. Returns bytes."""
@@ -410,19 +404,23 @@ class Ledger(TorchDispatchMode):
         need = (t.storage_offset() + numel) * t.element_size() if numel > 0 else 0
         if need > rec.raw:
             if self.allocator is not None:  # the new block before the op runs: its OOM leaves nothing changed
-                self._release(self._pending.pop(id(st), None))
-                self._pending[id(st)] = self._malloc(int(need))
+                self._take_pending(st, int(need))
             else:
                 self.check(self.size_of(int(need)) - rec.counted)
+
+    def _take_pending(self, st: torch.UntypedStorage, nbytes: int) -> None:
+        """Take the block a resize of ``st`` to ``nbytes`` will need, before the resize runs
+        (giving back one taken earlier); nothing for 0 bytes. Its OOM leaves the books as they were."""
+        self._release(self._pending.pop(id(st), None))
+        if nbytes > 0:
+            self._pending[id(st)] = self._malloc(nbytes)
 
     def storage_resize(self, orig: Callable[..., Any], st: torch.UntypedStorage, size: int) -> Any:
         """``UntypedStorage.resize_`` while active: check, resize, update the books."""
         rec = self.table.get(id(st))
         if rec is not None:
             if self.allocator is not None:
-                self._release(self._pending.pop(id(st), None))
-                if int(size) > 0 and int(size) != rec.raw:
-                    self._pending[id(st)] = self._malloc(int(size))
+                self._take_pending(st, int(size) if int(size) != rec.raw else 0)
             else:
                 self.check(self.size_of(int(size)) - rec.counted)
         try:

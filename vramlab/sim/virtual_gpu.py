@@ -43,12 +43,26 @@ __all__ = [
     "cuda_format_size",
     "cuda_oom_message",
     "ALLOCATORS",
+    "allocator_conf",
 ]
 
 #: ``VirtualGPU(allocator=...)``: ``"caching"`` models PyTorch's CUDA caching allocator
 #: (:mod:`vramlab.sim.allocator`), ``"exact"`` counts each storage's bytes (512-byte blocks with
 #: ``round_blocks``) and nothing cached.
 ALLOCATORS: tuple[str, ...] = ("caching", "exact")
+
+
+def allocator_conf(allocator: str, alloc_conf: Optional[str]) -> Optional[AllocConf]:
+    """The caching allocator's options for ``allocator="caching"`` (``alloc_conf`` or the
+    environment's ``PYTORCH_CUDA_ALLOC_CONF``), ``None`` for ``"exact"``; one ``ValueError`` else."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
+    if allocator == "exact":
+        if alloc_conf is not None:
+            raise ValueError("alloc_conf applies to allocator='caching'")
+        return None
+    return AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if alloc_conf is None else alloc_conf)
+
 
 _ACTIVE: Optional["VirtualGPU"] = None
 _ACTIVE_LOCK = threading.Lock()
@@ -175,16 +189,12 @@ class VirtualGPU:
                  compute_capability: Optional[tuple[int, int]] = None) -> None:
         spec = _resolve_capacity(capacity, name, context_overhead)
         self._spec = spec
-        if allocator not in ALLOCATORS:
-            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
+        conf = allocator_conf(allocator, alloc_conf)
         self.allocator_kind = allocator
         self._alloc: Optional[CachingAllocator] = None
-        if allocator == "caching":
-            conf = AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if alloc_conf is None else alloc_conf)
+        if conf is not None:
             self._alloc = CachingAllocator(spec.capacity - spec.context, conf)
             round_blocks = True  # every block is a multiple of 512 bytes
-        elif alloc_conf is not None:
-            raise ValueError("alloc_conf applies to allocator='caching'")
         self.round_blocks = bool(round_blocks)
         books = ShardLedger if count_shards else Ledger
         self._acct = books(spec.capacity - spec.context, round_blocks=self.round_blocks, on_oom=self._make_oom,
@@ -197,7 +207,6 @@ class VirtualGPU:
             raise ValueError("kernels='cuda' needs a GPU preset or compute_capability= (it picks the kernels)")
         self._kernels = CudaKernels(self._acct, cc) if cc is not None and kernels in (None, "cuda") else None
         self._stack: Optional[contextlib.ExitStack] = None
-        self._kernels_on = False
         self._active = False
         self._provider = self._devices
 
@@ -489,8 +498,7 @@ class VirtualGPU:
             acct.__enter__()
             self._active = True
             if self._kernels is not None:
-                self._kernels.__enter__()
-                self._kernels_on = True
+                self._stack.enter_context(self._kernels)
             register_device_provider(self._provider, self.reset_peak)
         except BaseException:
             self._teardown()
@@ -503,10 +511,6 @@ class VirtualGPU:
     def _teardown(self) -> None:
         global _ACTIVE
         unregister_device_provider(self._provider)
-        if self._kernels_on:  # the CUDA kernels' mode first, then the ledger
-            self._kernels_on = False
-            assert self._kernels is not None
-            self._kernels.__exit__(None, None, None)
         if self._active:
             self._acct.__exit__(None, None, None)
         self._active = False
