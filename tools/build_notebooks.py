@@ -14,11 +14,25 @@ outputs, as the workbook is committed.
 catalog, ``tools/notebooks/pt-BR/<name>.po`` (``tools/i18n.py``), into
 ``notebooks/pt-BR/<name>.ipynb``, executed there. The code cells are the English edition's. A
 missing or stale (fuzzy) translation stops the build, listing the cells.
+
+An exercise's solution is a code cell tagged ``solution`` (``# %% tags=["solution"]``) right after
+the markdown cell that holds the exercise's ``<details>`` block. The build runs it with the rest,
+so every solution is checked in every build, then folds it into that collapsed block: its code
+and what it printed, between ``<!-- vramlab:solution -->`` markers. The committed notebook has
+no executed cell under a question, and nbval never re-runs a solution.
+
+Prose that quotes a measured number reads it from the run: ``{{ expr }}`` or ``{{ expr | .1f }}``
+in a markdown cell is the value of ``expr`` (formatted with the spec) in the kernel, at the moment
+the cells above it have run. The build evaluates it in a cell of its own, inserted before that
+markdown cell and removed after the run, and keeps the template and the values in the cell's
+metadata (``vramlab.template``, ``vramlab.quotes``), so a test can check that the source is
+unchanged and that each quoted value was printed above it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +55,141 @@ def parse(text: str) -> nbformat.NotebookNode:
     return nb
 
 
+SOLUTION_TAG = "solution"
+SOLUTION_OPEN, SOLUTION_CLOSE = "<!-- vramlab:solution -->", "<!-- /vramlab:solution -->"
+_SOLUTION_WORDS = {
+    "en": ("The code (paste it into a new cell at the end of the notebook to run it):",
+           "What it printed when the workbook was built:"),
+    "pt-BR": ("O código (cole-o numa célula nova no fim do notebook para rodá-lo):",
+              "O que ele imprimiu quando o workbook foi construído:"),
+}
+
+
+def is_solution(cell: nbformat.NotebookNode) -> bool:
+    return cell.cell_type == "code" and SOLUTION_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def fold_solutions(nb: nbformat.NotebookNode, lang: str = "en") -> nbformat.NotebookNode:
+    """Move each executed ``solution`` cell, code and printed text, into the ``<details>`` block above it.
+
+    Raises:
+        ValueError: a solution cell has no ``<details>`` block above it, or it raised.
+    """
+    code_words, printed_words = _SOLUTION_WORDS[lang]
+    cells: list[nbformat.NotebookNode] = []
+    for cell in nb.cells:
+        if not is_solution(cell):
+            cells.append(cell)
+            continue
+        target = next((c for c in reversed(cells) if c.cell_type == "markdown" and "</details>" in c.source), None)
+        if target is None:
+            raise ValueError(f"a solution cell without a <details> block above it: {cell.source[:60]!r}")
+        if any(o.output_type == "error" for o in cell.get("outputs", [])):
+            raise ValueError(f"a solution cell raised: {cell.source[:60]!r}")
+        printed = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream").rstrip()
+        block = f"{SOLUTION_OPEN}\n*{code_words}*\n\n```python\n{cell.source.rstrip()}\n```\n\n"
+        if printed:
+            block += f"*{printed_words}*\n\n```text\n{printed}\n```\n\n"
+        block += f"{SOLUTION_CLOSE}\n\n"
+        head, sep, tail = target.source.rpartition("</details>")
+        target.source = head + block + sep + tail
+    nb.cells = cells
+    return nb
+
+
+def committed_view(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
+    """The cells as a source gives them: folded solutions taken out of the markdown, solution cells dropped.
+
+    A committed notebook and its parsed source have the same view (``tests/test_build_notebooks.py``).
+    """
+    fold = re.compile(re.escape(SOLUTION_OPEN) + ".*?" + re.escape(SOLUTION_CLOSE) + "\n\n", re.S)
+
+    def source(c: nbformat.NotebookNode) -> str:
+        if c.cell_type != "markdown":
+            return c.source
+        return fold.sub("", c.get("metadata", {}).get("vramlab", {}).get("template", c.source))
+
+    return [(c.cell_type, source(c)) for c in nb.cells if not is_solution(c)]
+
+
+def folded_solutions(nb: nbformat.NotebookNode) -> list[str]:
+    """The code of every solution folded into a committed notebook's markdown, in order."""
+    pat = re.compile(re.escape(SOLUTION_OPEN) + r"\n\*[^\n]*\*\n\n```python\n(.*?)\n```", re.S)
+    return [m.group(1) for c in nb.cells if c.cell_type == "markdown" for m in pat.finditer(c.source)]
+
+
+QUOTE = re.compile(r"\{\{\s*(.+?)\s*\}\}")
+_QUOTE_MARK = "vramlab-quotes:"
+
+
+def _quote_parts(placeholder: str) -> tuple[str, str]:
+    expr, _, spec = placeholder.partition(" | ")
+    return expr.strip(), spec.strip()
+
+
+def insert_quote_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Before each markdown cell with ``{{ ... }}``, a code cell that prints the quoted values as JSON."""
+    cells: list[nbformat.NotebookNode] = []
+    for cell in nb.cells:
+        found = QUOTE.findall(cell.source) if cell.cell_type == "markdown" else []
+        if found:
+            pairs = [_quote_parts(f) for f in found]
+            code = ("import json as _vq_json\n"
+                    f"print({_QUOTE_MARK!r} + _vq_json.dumps([format(eval(e), f) for e, f in {pairs!r}]))\n"
+                    "del _vq_json")
+            cells.append(nbformat.v4.new_code_cell(code, metadata={"tags": ["vramlab-quote"]}))
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def fill_quotes(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Put each quote cell's values into the markdown cell after it, then drop the quote cells.
+
+    Raises:
+        ValueError: a quoted expression failed in the kernel.
+    """
+    cells: list[nbformat.NotebookNode] = []
+    values: list[str] | None = None
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "vramlab-quote" in cell.get("metadata", {}).get("tags", []):
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
+            line = next((ln for ln in text.splitlines() if ln.startswith(_QUOTE_MARK)), None)
+            if line is None:
+                errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
+                          if o.output_type == "error"]
+                raise ValueError(f"a quote in the prose failed: {cell.source.splitlines()[1]} {errors}")
+            import json
+
+            values = json.loads(line[len(_QUOTE_MARK):])
+            continue
+        if values is not None and cell.cell_type == "markdown":
+            template = cell.source
+            found = QUOTE.findall(template)
+            cell.source = fill(template, values)
+            cell.metadata.setdefault("vramlab", {})
+            cell.metadata["vramlab"]["template"] = template
+            cell.metadata["vramlab"]["quotes"] = [[f, v] for f, v in zip(found, values)]
+            values = None
+        cells.append(cell)
+    count = 0
+    for cell in cells:  # number the cells the reader sees without gaps
+        if cell.cell_type == "code" and cell.get("execution_count") is not None:
+            count += 1
+            cell.execution_count = count
+            for o in cell.outputs:
+                if o.output_type == "execute_result":
+                    o.execution_count = count
+    nb.cells = cells
+    return nb
+
+
+def fill(template: str, values: list[str]) -> str:
+    """``template`` with its ``{{ ... }}`` placeholders replaced, in order, by ``values``."""
+    it = iter(values)
+    return QUOTE.sub(lambda _: next(it), template)
+
+
 def build(name: str, timeout: int = 600, lang: str = "en") -> float:
     nb = parse((SRC / f"{name}.py").read_text())
     out = OUT
@@ -51,6 +200,7 @@ def build(name: str, timeout: int = 600, lang: str = "en") -> float:
         nb = translate(nb, lang, name)  # TranslationError: what is missing or stale
         out = OUT / lang
     out.mkdir(exist_ok=True)
+    insert_quote_cells(nb)
     t0 = time.perf_counter()
     # the kernel draws figures inline (a non-interactive MPLBACKEND such as CI's Agg would leave
     # every plot cell of the committed notebook empty)
@@ -64,6 +214,8 @@ def build(name: str, timeout: int = 600, lang: str = "en") -> float:
         print(f"{name}: FAILED; the partly executed notebook is in {failed.relative_to(ROOT)}")
         raise
     dt = time.perf_counter() - t0
+    fold_solutions(nb, lang)
+    fill_quotes(nb)
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{name[:2]}-{i:03d}"
     nbformat.write(nb, out / f"{name}.ipynb")

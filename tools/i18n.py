@@ -20,6 +20,7 @@ entry whose ``msgid`` is the English cell, so the English text is the key:
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,14 +111,20 @@ class Problems:
     lang: str
     missing: list[str] = field(default_factory=list)
     fuzzy: list[str] = field(default_factory=list)
+    quotes: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.missing or self.fuzzy)
+        return bool(self.missing or self.fuzzy or self.quotes)
 
     def text(self) -> str:
         lines = [f"{self.lang}/{self.name}: {len(self.missing)} missing, {len(self.fuzzy)} stale (fuzzy)"]
         lines += [f"  missing: {m}" for m in self.missing] + [f"  stale:   {f}" for f in self.fuzzy]
+        lines += [f"  quotes:  {q} (the translation must quote the same {{{{ ... }}}} values, in order)"
+                  for q in self.quotes]
         return "\n".join(lines)
+
+
+_QUOTES = re.compile(r"\{\{\s*(.+?)\s*\}\}")  # the build's quoted values (tools/build_notebooks.py)
 
 
 def _first_line(src: str) -> str:
@@ -136,6 +143,8 @@ def problems(lang: str, name: str) -> Problems:
             out.missing.append(_first_line(src))
         elif "fuzzy" in e.flags:
             out.fuzzy.append(_first_line(src))
+        elif _QUOTES.findall(e.msgstr) != _QUOTES.findall(src):
+            out.quotes.append(_first_line(src))
     return out
 
 

@@ -68,8 +68,10 @@
 #   the CUDA context, cuBLAS workspaces, other libraries;
 # - *other processes*, and *free*.
 #
-# Each byte sits in exactly one layer, and the layers add up to the total. The same reading
-# is a Python object:
+# Each byte sits in exactly one layer, and the layers add up to the total by construction:
+# *others* is what the rest leave. So the cell after the reading checks two layers against psutil,
+# a reader of its own: this process's RSS, and the total RAM (or the container's limit). The same
+# reading is a Python object:
 
 # %%
 import vramlab
@@ -85,10 +87,15 @@ for note in snap.notes:
     print("note:", note)
 
 # %%
-assert sum(size for _, size in host.layers) == host.limit
-for d in snap.devices:
-    if d.layers:
-        assert sum(size for _, size in d.layers) == d.total, d.id
+import psutil
+
+rss_psutil = psutil.Process().memory_info().rss  # read again, by another library, a moment later
+print(f"this process: vramlab {format_bytes(dict(host.layers)['process'])}, psutil {format_bytes(rss_psutil)}")
+assert abs(dict(host.layers)["process"] - rss_psutil) < 16 * 2**20, (host.layers, rss_psutil)
+if host.limit_source == "physical RAM":
+    assert host.limit == psutil.virtual_memory().total
+else:  # a container's limit: below the machine's RAM
+    assert host.limit < psutil.virtual_memory().total
 
 # %% [markdown]
 # ## The live monitor
@@ -194,12 +201,9 @@ if shutil.which("top"):
 if shutil.which("free"):
     mem = subprocess.run(["free", "-b"], capture_output=True, text=True).stdout.splitlines()[1].split()
     print(f"free -b      used {format_bytes(int(mem[2]))}, available {format_bytes(int(mem[6]))}")
-try:
-    import memory_profiler
+import memory_profiler  # in the workbook extra
 
-    print(f"memory_profiler  this process {memory_profiler.memory_usage(-1, interval=0.1, timeout=0.2)[0]:.1f} MiB")
-except ImportError:
-    print("memory_profiler is not installed here (pip install memory_profiler)")
+print(f"memory_profiler  this process {memory_profiler.memory_usage(-1, interval=0.1, timeout=0.2)[0]:.1f} MiB")
 if shutil.which("nvidia-smi"):
     out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout
@@ -214,6 +218,39 @@ else:
 # (give or take a page table's worth of pages that the subprocess call itself touched)
 lo, hi = min(before_rss, after_rss), max(before_rss, after_rss)
 assert lo - 2 * MiB <= ps_rss <= hi + 2 * MiB, (before_rss, ps_rss, after_rss)
+
+# %% [markdown]
+# memory_profiler also measures a statement: `%memit` runs it while a helper process samples this
+# process's RSS (ten times a second by default) and reports the highest sample, and its increment
+# over the RSS before. `%%vram` reads the kernel's high-water mark of RSS instead. The same
+# 256 MiB array, freed at once, measured both ways:
+
+# %%
+%load_ext memory_profiler
+
+# %%
+memit = %memit -o big = np.ones(256 * MiB // 8); del big
+
+# %%
+%%vram
+# NBVAL_IGNORE_OUTPUT
+big = np.ones(256 * MiB // 8); del big
+
+# %%
+exact = vramlab.last().host.peak_delta
+sampled = (max(memit.mem_usage) - memit.baseline) * MiB  # memory_profiler's MiB are 2^20 bytes
+print(f"a 256 MiB array: memory_profiler's increment {format_bytes(sampled)} (a sample), "
+      f"vramlab's peak +{format_bytes(exact)} (the high-water mark)")
+
+# %% [markdown]
+# A sample can only miss the top: it sees the RSS at its own moments, and the array may be half
+# written, or already freed, at each of them. The high-water mark is kept by the kernel at every
+# page, so it cannot miss. On a fast machine a short statement can fall between two samples
+# altogether; memory_profiler's `-i` option samples more often, at a cost.
+
+# %%
+assert exact >= 256 * MiB, exact  # the kernel saw every page of the array
+assert sampled <= exact + 2 * MiB, (sampled, exact)  # a sample never sees more than the high-water mark
 
 # %%
 %vram stop

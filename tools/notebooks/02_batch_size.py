@@ -188,11 +188,11 @@ print("usable: the total the card reports (nvidia-smi, cited in vramlab.sim.pres
 assert all(r[5] and not r[6] for r in rows)  # the estimate fits at 0.99 of the line's batch, not at 1.01
 
 # %% [markdown]
-# ## 3. Gradient noise shrinks as 1/B
+# ## 3. Gradient noise against the batch
 #
-# A mini-batch gradient is an average of per-sample gradients, so its variance around the
-# full-data gradient should fall as 1/B. We measure it on a linear regression, where per-sample
-# gradients are cheap to write down.
+# A mini-batch gradient is an average of per-sample gradients. How far does it stray from the
+# full-data gradient, and how does that depend on the batch? We measure its variance on a linear
+# regression, where per-sample gradients are cheap to write down.
 #
 # **Predict.** Going from batch 16 to batch 256 (16×), how much does the variance fall?
 
@@ -223,6 +223,12 @@ ax.set_xlabel("batch size")
 ax.set_ylabel("E‖g_B − g‖²")
 ax.legend()
 fig.tight_layout()
+
+# %% [markdown]
+# The variance falls as 1/B: an average of B independent per-sample gradients has 1/B of one
+# sample's variance, a slope of −1 on the log-log plot (the dashed line). Sixteen times the batch
+# gives about sixteen times less noise. Less noise per step is not the same as faster training,
+# which is the next section's question.
 
 # %%
 assert -1.15 < slope_var < -0.85, slope_var

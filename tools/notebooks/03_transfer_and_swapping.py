@@ -57,7 +57,7 @@ MiB = 2**20
 print(dev)
 
 # %% [markdown]
-# ## 1. A tensor that does not fit: an error, not a swap
+# ## 1. A tensor that does not fit
 #
 # The card holds one tensor of 60% of the memory tensors may use. We ask for a second one of the
 # same size, while host RAM has plenty of room.
@@ -530,16 +530,16 @@ assert median_ratio < 0.5, peaks  # ... while the typical step needs far less
 # 1. Wrap only the first half of the forward in `save_on_host(dev)`. The peak should lie between
 #    the two measured in section 3, since about half the activations stay on the card, and so
 #    should the time, since about half make the round trip (CPU timings vary from run to run). The
-#    cell below measures both.
+#    code below measures both.
 # 2. Smaller pools sort over fewer sequences, so lengths in a batch vary more and padding rises.
 #    With pools of one batch, sorting changes nothing: the padding is the random figure. Larger
-#    pools waste less but make the batch order less random. The cell below computes all three.
-# 3. The cell below cuts sorted pools into batches of at most `budget` padded tokens. The longest
+#    pools waste less but make the batch order less random. The code below computes all three.
+# 3. The code below cuts sorted pools into batches of at most `budget` padded tokens. The longest
 #    sequences then go in small batches, and the largest step's peak falls well below section 6's.
 #
 # </details>
 
-# %%
+# %% tags=["solution"]
 # solution 1: the first half of the layers offloaded
 half_depth = depth // 2
 for _ in range(2):  # the first run warms up

@@ -498,16 +498,16 @@ assert seg_forwards[-1] > seg_forwards[k_best - 1] > seg_forwards[0] == n_layers
 # <details><summary>Solutions</summary>
 #
 # 1. Solve `fixed + b·S² = budget` for `S` with `fixed, b = fit_side.coeffs[1], fit_side.coeffs[0]`:
-#    `S = ((BUDGET - fixed) / b) ** 0.5`. The cell below computes it and measures a step at that
+#    `S = ((BUDGET - fixed) / b) ** 0.5`. The code below computes it and measures a step at that
 #    side.
 # 2. Scores and softmax are each `1 (batch) x 2 (heads) x T² x 4 bytes`; backward adds their
-#    gradients. The cell below prints them beside the measured peak: the T² terms are most of it.
+#    gradients. The code below prints them beside the measured peak: the T² terms are most of it.
 # 3. Checkpointing removes the stored activations of the later blocks, autocast halves what is
-#    stored. The cell below measures one point of the grid four ways.
+#    stored. The code below measures one point of the grid four ways.
 #
 # </details>
 
-# %%
+# %% tags=["solution"]
 # solution 1, computed from the fit of section 2
 b_side = fit_side.coeffs[0]
 S_max = int(((BUDGET - fixed) / b_side) ** 0.5)

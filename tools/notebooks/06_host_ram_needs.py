@@ -50,6 +50,54 @@ print(f"physical RAM {format_bytes(host.total)}; effective limit {format_bytes(h
       f"(from {host.limit_source}); available now {format_bytes(host.available)}")
 
 # %% [markdown]
+# A limit below the machine's RAM, at work. Making a cgroup needs root, so the next cell uses a
+# limit any user can set: it starts two child Pythons that each ask for 512 MiB and write to every
+# page, one as it is and one under an address-space limit of its own size plus 256 MiB
+# (`RLIMIT_AS`, what `prlimit --as` and `ulimit -v` set). RLIMIT_AS caps virtual memory, not RSS,
+# so it is a relative of a container's limit, not the same thing; the lesson is the same: the
+# limit refuses what the machine's RAM could give. A cgroup's limit is harsher: the allocation
+# succeeds, and the kernel kills the process when its pages are touched past the limit.
+
+# %%
+import resource
+import subprocess
+import sys
+
+CHILD = """
+import resource, sys
+ask, headroom = int(sys.argv[1]), int(sys.argv[2])
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+if headroom:
+    resource.setrlimit(resource.RLIMIT_AS, (size + headroom, size + headroom))
+try:
+    block = bytearray(ask)
+    block[::4096] = bytes(len(range(0, ask, 4096)))  # write to every page
+    print("allocated")
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+def child_allocates(ask: int, headroom: int) -> str:
+    """What a fresh Python says when it asks for ``ask`` bytes under RLIMIT_AS = its size + ``headroom`` (0: none)."""
+    env = {"PATH": os.environ.get("PATH", ""), "LC_ALL": "C.UTF-8"}  # set explicitly, as for any child
+    run = subprocess.run([sys.executable, "-c", CHILD, str(ask), str(headroom)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    return run.stdout.strip() or run.stderr.strip()[-200:]
+
+
+ask = 512 * MiB
+unlimited, limited = child_allocates(ask, 0), child_allocates(ask, 256 * MiB)
+print(f"{format_bytes(ask)} asked, {format_bytes(host.available)} available: without a limit {unlimited}; "
+      f"under RLIMIT_AS = its size + {format_bytes(256 * MiB)}: {limited}")
+print(f"this kernel's own limit: {format_bytes(host.limit)}, from {host.limit_source}")
+
+# %%
+assert limited == "MemoryError", limited  # the limit refused it...
+if host.available > 2 * ask:
+    assert unlimited == "allocated", unlimited  # ...though RAM had room
+
+# %% [markdown]
 # A job's RAM is a sum of parts that we can name before running it (`ramplan.ram_needs`): the
 # interpreter and its libraries, the dataset if it is loaded whole, the batches in flight, pinned
 # staging copies, model copies on the host, and data-loader worker processes.
@@ -218,7 +266,7 @@ workdir.cleanup()  # the dataset file
 #
 # <details><summary>Solutions</summary>
 #
-# 1. The cell below makes the plan and prints it. One batch of 128 images of 3 × 224 × 224
+# 1. The code below makes the plan and prints it. One batch of 128 images of 3 × 224 × 224
 #    float32 is 128 × 3 × 224 × 224 × 4 bytes (it prints the figure), and the plan holds several
 #    in flight: the loader's prefetch per worker, the pinned copy, the one on the device. The tier
 #    is the smallest of 16, 32 and 64 GB that holds the total. Note that the workers share the NumPy
@@ -229,7 +277,7 @@ workdir.cleanup()  # the dataset file
 #
 # </details>
 
-# %%
+# %% tags=["solution"]
 # solution 1, computed: the plan for the exercise's job
 exercise = ramplan.ram_needs(dataset_bytes=6 * GiB, batch_bytes=128 * 3 * 224 * 224 * 4, workers=4,
                              pin_memory=True, model_parameters=25_600_000, baseline=2 * GiB, limit=None)

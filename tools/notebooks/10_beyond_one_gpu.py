@@ -50,11 +50,11 @@ batch_per_rank = 4
 print(f"GPT: {n_params:,} parameters ({format_bytes(4 * n_params)} in fp32); batch {batch_per_rank} x 64 tokens per rank")
 
 # %% [markdown]
-# ## 1. DDP replicates everything
+# ## 1. DDP: what each rank holds
 #
-# Under DDP every rank holds the whole model, its gradients and the whole optimizer state, and
-# trains on its own slice of the batch. After backward, DDP averages the gradients across ranks
-# (an all-reduce), bucket by bucket, into flat buffers of 25 MiB that it keeps from step to step.
+# Under DDP each rank runs the same model on its own slice of the batch. After backward, DDP
+# averages the gradients across ranks (an all-reduce), bucket by bucket, into flat buffers of
+# 25 MiB that it keeps from step to step.
 #
 # **Predict.** Going from 2 ranks to 4, what happens to the peak of each rank: halves, stays,
 # doubles?
@@ -78,8 +78,9 @@ print(f"4 ranks against 2: x{ddp4 / ddp2:.2f} ({guess(prediction_ddp_4_over_2, '
       f"DDP adds {format_bytes(ddp2 - one.peak)} to a rank over one process: the gradient buckets")
 
 # %% [markdown]
-# Each rank's memory does not depend on how many ranks there are: DDP buys speed (more samples per
-# step), not memory. It even costs memory: the flat buckets hold a second copy of the gradients
+# Each rank's memory does not depend on how many ranks there are: every rank holds the whole
+# model, its gradients and the whole optimizer state. DDP buys speed (more samples per step), not
+# memory. It even costs memory: the flat buckets hold a second copy of the gradients
 # (`gradient_as_bucket_view=True` makes the gradients views into them and saves that copy).
 
 # %%
@@ -88,7 +89,7 @@ assert len({r.peak for r in measured["ddp", 4]}) == 1  # and every rank holds th
 assert ddp2 > one.peak  # the buckets come on top of a single process's step
 
 # %% [markdown]
-# ## 2. ZeRO and FSDP shard it
+# ## 2. ZeRO and FSDP shard what DDP replicates
 #
 # ZeRO (the "zero redundancy optimizer") removes the copies that DDP keeps on every rank, in
 # three stages. Stage 1 gives each rank the optimizer state of its share of the parameters (torch's
@@ -334,14 +335,14 @@ assert after.children_count <= before.children_count  # the workers are gone wit
 #
 # <details><summary>Solutions</summary>
 #
-# 1. The cell below prints every rank's peak under ZeRO-1 at 4 ranks. The shares are whole
+# 1. The code below prints every rank's peak under ZeRO-1 at 4 ranks. The shares are whole
 #    tensors, given out largest first, so the rank that gets the embedding holds the most.
-# 2. The cell below estimates it: each rank now holds a quarter of the sharded states instead of
-#    an eighth, and the cell prints what that does to the peak.
+# 2. The code below estimates it: each rank now holds a quarter of the sharded states instead of
+#    an eighth, and the code prints what that does to the peak.
 #
 # </details>
 
-# %%
+# %% tags=["solution"]
 # solution 1: ZeRO-1's ranks at 4 ranks
 zero1_4 = [r.peak for r in measured["zero1", 4]]
 busiest = max(range(4), key=lambda r: zero1_4[r])
