@@ -26,7 +26,7 @@ Ratios are against the measured figure. Gloo on CPU is not NCCL on GPUs: no CUDA
 (FSDP2 overlaps communication there and may hold more buffers at once), no caching
 allocator; no GPU figure is claimed here.
 
-At scale (estimates only, nothing measured but their wall time): lesson 09's 7B GPT on 8
+At scale (estimates only, nothing measured but their wall time): lesson 11's 7B GPT on 8
 ranks and the ZeRO paper's Figure-1 model (Psi = 7.5e9: 64 equal ``Linear(15625, 7500)``) on
 64 ranks, bf16-mixed, Adam, batch 1 per rank, on ``H100-80GB``: vramlab's per-rank model
 states and peak against the paper's formulas (Rajbhandari et al. 2020, Figure 1, K=12: DDP
@@ -156,7 +156,7 @@ def accelerate_bf16(fp32_size: int) -> int:
 
 def at_scale() -> None:
     gpt_build, gpt_batch, gpt_loss = models.make_gpt("7B", seq=512)
-    cases = [("(a) lesson 09's 7B GPT (seq 512)", gpt_build, gpt_batch, gpt_loss, 8),
+    cases = [("(a) lesson 11's 7B GPT (seq 512)", gpt_build, gpt_batch, gpt_loss, 8),
              ("(b) the ZeRO paper's Figure-1 model (64 x Linear(15625, 7500))", Figure1, figure1_batch,
               lambda out: out, 64)]
     print("\nat scale: estimates only; bf16-mixed, Adam, batch 1 per rank, device H100-80GB; GB = 1e9 bytes;\n"

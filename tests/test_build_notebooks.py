@@ -24,7 +24,7 @@ def test_every_notebook_has_a_source_and_every_source_a_notebook():
     built = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert built == [p.stem for p in SOURCES]
     assert [p.stem[:3] for p in SOURCES] == [f"{i:02d}_" for i in range(len(SOURCES))]  # lessons 00, 01, ... in order
-    assert len(SOURCES) == 11
+    assert len(SOURCES) == 13
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
@@ -122,3 +122,29 @@ def test_a_quote_is_filled_from_its_own_cell_and_the_cell_removed():
     assert nb.cells[1].source == "pi is 3.14, not 6.3"
     assert nb.cells[1].metadata["vramlab"]["template"] == "pi is {{ x | .2f }}, not {{ x * 2 | .1f }}"
     assert build.committed_view(nb) == [("code", nb.cells[0].source), ("markdown", "pi is {{ x | .2f }}, not {{ x * 2 | .1f }}")]
+
+
+def _reading_minutes(src: Path) -> int:
+    """The road map's rule: prose at 150 words a minute, code at 25 lines a minute, a minute per prediction,
+    rounded up to five minutes."""
+    import math
+    import re
+
+    nb = _builder().parse(src.read_text())
+    words = sum(len(re.findall(r"\w+", c.source)) for c in nb.cells if c.cell_type == "markdown")
+    code = sum(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code")
+    predictions = sum(c.source.count("**Predict.**") + c.source.count("**Question.**")
+                      for c in nb.cells if c.cell_type == "markdown")
+    return 5 * math.ceil((words / 150 + code / 25 + predictions) / 5)
+
+
+def test_the_road_map_lists_every_lesson_with_its_reading_time_from_its_word_count():
+    import re
+
+    road_map = (ROOT / "tools" / "notebooks" / "00_start_here.py").read_text()
+    rows = dict(re.findall(r"^# \| (\d\d) [^\n]*\| (\d+) min \|$", road_map, re.M))
+    assert sorted(rows) == [p.stem[:2] for p in SOURCES], "a lesson missing from the road map"
+    stated = {k: int(v) for k, v in rows.items()}
+    assert stated == {p.stem[:2]: _reading_minutes(p) for p in SOURCES}
+    translated = (ROOT / "tools" / "notebooks" / "pt-BR" / "00_start_here.po").read_text()
+    assert {k: int(v) for k, v in re.findall(r'^"\| (\d\d) [^\n]*\| (\d+) min \|\\n"$', translated, re.M)} == stated

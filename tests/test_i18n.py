@@ -99,6 +99,32 @@ def test_notes_are_translated_prefix_and_detail():
     assert tr_note("NVML unavailable: x") == "NVML unavailable: x"
 
 
+def test_the_batch_from_two_runs_in_portuguese():
+    from vramlab.model import CellRecord, DeviceDelta, HostDelta
+    from vramlab.runtime.oom import explain_oom
+
+    host = HostDelta(rss_start=0, rss_end=0, rss_delta=0, peak=None, peak_delta=None, swap_delta=None, peak_exact=False)
+
+    def record(peak: int, error: str | None, batch: int) -> CellRecord:
+        dev = DeviceDelta(id="cuda:0", allocated_start=0, allocated_delta=peak, peak_allocated=peak,
+                          peak_allocated_delta=peak, reserved_delta=0, nvml_delta=None)
+        return CellRecord(execution_count=1, started=0.0, wall_s=0.1, error=error, host=host, devices=(dev,),
+                          cell_key="k", batch_size=batch)
+
+    set_lang("pt-BR")
+    msg = ("CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 8.00 GiB of which "
+           "512.00 MiB is free. Of the allocated memory 7.00 GiB is allocated by PyTorch, and 0 bytes is "
+           "reserved by PyTorch but unallocated.")
+    ok, failed = record(2 * 2**30, None, 512), record(7 * 2**30, "OutOfMemoryError", 4096)
+    ex = explain_oom(RuntimeError(msg), {"batch_size": 4096}, failed, history=[ok, failed])
+    # 512 * 7.5 GiB / 2 GiB: as if all of the peak at 512 grew with the batch
+    assert ex.fitting_batch_size == 1920
+    assert "tamanho do batch 4096 -> tente 1920, a partir de duas execuções desta célula, com batch 512 e 4096" \
+        in ex.text()
+    alone = explain_oom(RuntimeError(msg), {"batch_size": 4096}, failed, history=[])
+    assert "um limite superior tirado só desta célula" in alone.text()
+
+
 def _run(code: str, **env: str) -> str:
     e = {k: v for k, v in os.environ.items() if k not in ("VRAMLAB_LANG", "JPY_SESSION_NAME")}
     e.update(env)

@@ -52,3 +52,40 @@ def test_every_cell_that_draws_is_committed_with_its_figure(path):
     missing = ["".join(c["source"])[:80] for c in drawing
                if not any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
     assert not missing, missing
+
+
+def _committed_figures(path):
+    """``(cell source, image/png output)`` for every PNG in a committed notebook's outputs."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    return [("".join(c["source"]), o) for c in cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
+def test_every_committed_figure_carries_its_labels(path):
+    """Each PNG keeps its figure's words (titles, axis labels, legends) in its output metadata,
+    as ``import vramlab.lessons`` has the kernel publish them (``vramlab/lessons/figures.py``)."""
+    from vramlab.lessons.figures import KEY
+
+    missing = [source[:80] for source, out in _committed_figures(path)
+               if not isinstance(out.get("metadata", {}).get("image/png", {}).get(KEY), dict)
+               or not isinstance(out["metadata"]["image/png"][KEY].get("axes"), list)]
+    assert not missing, f"figures without {KEY} metadata (rebuild the notebook): {missing}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
+def test_every_committed_figure_is_labelled(path):
+    """No committed figure leaves its reader guessing what an axis is. For every axes that shows
+    something (visible, not ``ax.axis("off")``, with data): both axes are labelled (by their own
+    label, by the label of an axes that shares them, or by ``fig.supxlabel``/``supylabel``); an
+    axis whose ticks name categories (``bar(names, ...)``, ``set_xticks(positions, words)``) may
+    instead go unlabelled under a title (the axes' or the figure's suptitle) when the other axis
+    is labelled; a colorbar has its label; no legend entry is blank; and each figure has at least
+    one title or label (:func:`vramlab.lessons.figures.label_problems`)."""
+    from vramlab.lessons.figures import KEY, label_problems
+
+    problems = []
+    for source, out in _committed_figures(path):
+        labels = out.get("metadata", {}).get("image/png", {}).get(KEY)
+        found = ["no labels in the output's metadata"] if not isinstance(labels, dict) else label_problems(labels)
+        problems += [f"{source[:60]!r}: {p}" for p in found]
+    assert not problems, "\n".join(problems)

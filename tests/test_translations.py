@@ -61,21 +61,21 @@ def scratch(tmp_path, monkeypatch):
     """A copy of one lesson's source and catalog, for the tools to change."""
     src = tmp_path / "tools" / "notebooks"
     (src / "pt-BR").mkdir(parents=True)
-    shutil.copy(ROOT / "tools" / "notebooks" / "09_fine_tuning_a_7b_model.py", src)
-    shutil.copy(ROOT / "tools" / "notebooks" / "pt-BR" / "09_fine_tuning_a_7b_model.po", src / "pt-BR")
+    shutil.copy(ROOT / "tools" / "notebooks" / "11_fine_tuning_a_7b_model.py", src)
+    shutil.copy(ROOT / "tools" / "notebooks" / "pt-BR" / "11_fine_tuning_a_7b_model.po", src / "pt-BR")
     monkeypatch.setattr(i18n, "SRC", src)
-    return src / "09_fine_tuning_a_7b_model.py"
+    return src / "11_fine_tuning_a_7b_model.py"
 
 
 def test_a_changed_english_cell_makes_its_translation_stale_and_the_build_refuses(scratch):
     name = scratch.stem
     assert not i18n.problems("pt-BR", name)
     text = scratch.read_text()
-    old = "# Lesson 08 checked `vramlab.estimate` against a measured step"
+    old = "# Lesson 10 checked `vramlab.estimate` against a measured step"
     assert old in text
-    scratch.write_text(text.replace(old, "# Lesson 08 checked `vramlab.estimate` against one measured step"))
+    scratch.write_text(text.replace(old, "# Lesson 10 checked `vramlab.estimate` against one measured step"))
     found = i18n.problems("pt-BR", name)
-    assert len(found.missing) == 1 and "09 ·" in found.missing[0]  # the English cell has no translation now
+    assert len(found.missing) == 1 and "11 ·" in found.missing[0]  # the English cell has no translation now
     nb = build.parse(scratch.read_text())
     with pytest.raises(i18n.TranslationError, match="1 missing"):
         i18n.translate(nb, "pt-BR", name)
@@ -84,7 +84,7 @@ def test_a_changed_english_cell_makes_its_translation_stale_and_the_build_refuse
     found = i18n.problems("pt-BR", name)
     assert not found.missing and len(found.fuzzy) == 1
     entry = next(e for e in polib.pofile(str(i18n.catalog_path("pt-BR", name))) if "fuzzy" in e.flags)
-    assert old.lstrip("# ") in entry.previous_msgid and "09 ·" in entry.msgstr
+    assert old.lstrip("# ") in entry.previous_msgid and "11 ·" in entry.msgstr
     with pytest.raises(i18n.TranslationError, match="1 stale"):
         i18n.translate(build.parse(scratch.read_text()), "pt-BR", name)
     # a translator checks it and removes the flag: the build goes through

@@ -300,7 +300,13 @@ class DeviceDelta:
 
 @dataclass(frozen=True)
 class CellRecord:
-    """What one cell did to memory."""
+    """What one cell did to memory.
+
+    ``cell_key`` identifies the cell's code with its batch size left out
+    (:func:`vramlab.runtime.cells.cell_key`): two runs of one cell at different batch sizes
+    share it. ``batch_size`` is the batch variable's value (``batch_size``, ``bs``, ...) in
+    the user's namespace when the cell ended. Both are ``None`` where not known.
+    """
 
     execution_count: Optional[int]
     started: float
@@ -309,6 +315,8 @@ class CellRecord:
     host: HostDelta
     devices: tuple[DeviceDelta, ...] = field(default_factory=tuple)
     peaks_reset: bool = True
+    cell_key: Optional[str] = None
+    batch_size: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
@@ -393,7 +401,7 @@ def _cell_row(r: CellRecord) -> dict[str, Any]:
         "execution_count": r.execution_count, "started": r.started, "wall_s": r.wall_s, "error": r.error,
         "host_rss_delta": r.host.rss_delta, "host_peak_delta": r.host.peak_delta, "host_swap_delta": r.host.swap_delta,
         "host_children": r.host.children_count_end, "host_children_rss_delta": r.host.children_rss_delta,
-        "host_children_uss_delta": r.host.children_uss_delta,
+        "host_children_uss_delta": r.host.children_uss_delta, "batch_size": r.batch_size, "cell_key": r.cell_key,
     }
     for d in r.devices:
         row[f"{d.id}_allocated_delta"] = d.allocated_delta
@@ -571,6 +579,21 @@ class OOMExplanation:
     split blocks, none large enough): it is not counted as available. ``shortfall`` is the
     request less the free memory; ``fragmentation_is_cause`` says that free memory and that
     cache together would have held the request.
+
+    The batch advice (``batch_size``: the batch variable's value when the cell failed):
+
+    - ``batch_basis="two runs"``: this cell also ran, and fitted, at the batch
+      ``batch_seen``; ``fitting_batch_size`` is a batch that fits (under the assumption
+      stated in :func:`vramlab.runtime.oom.explain_oom`: at every moment, the cell's
+      allocation is a fixed part plus a part in proportion to the batch, both >= 0),
+      ``batch_estimate`` is where the line through the two runs meets the budget (an
+      estimate of the largest batch that fits) and ``batch_upper_bound`` is at least the
+      largest;
+    - ``batch_basis="this cell"``: only the failed cell's record was known;
+      ``fitting_batch_size`` is then an upper bound of the largest batch that fits (as is
+      ``batch_upper_bound``), not a batch known to fit;
+    - ``batch_basis="halving"``: the cell was not measured: halving is advised, and no
+      batch is derived.
     """
 
     message: str
@@ -585,6 +608,10 @@ class OOMExplanation:
     batch_size: Optional[int] = None
     fitting_batch_size: Optional[int] = None
     fragmentation_is_cause: bool = False
+    batch_basis: Optional[str] = None
+    batch_upper_bound: Optional[int] = None
+    batch_seen: Optional[int] = None
+    batch_estimate: Optional[int] = None
 
     def text(self) -> str:
         """A plain-text explanation."""

@@ -156,26 +156,44 @@ DeviceProvider = Callable[[], "list[DeviceSnapshot]"]
 
 # provider -> its peak resetter (or None); insertion-ordered
 _PROVIDERS: dict[DeviceProvider, Optional[Callable[[], None]]] = {}
+_CACHE_EMPTIERS: dict[DeviceProvider, Callable[[], None]] = {}
 _PROVIDERS_LOCK = threading.Lock()
 
 
-def register_device_provider(fn: DeviceProvider, reset_peak: Optional[Callable[[], None]] = None) -> None:
+def register_device_provider(fn: DeviceProvider, reset_peak: Optional[Callable[[], None]] = None,
+                             empty_cache: Optional[Callable[[], None]] = None) -> None:
     """Add a source of extra devices; idempotent.
 
     This is how layers above the core plug in without the core importing them: the
     virtual GPU (:mod:`vramlab.sim`) registers itself while its context is active.
     ``fn()`` returns the devices to add to every :func:`snapshot`; ``reset_peak()``, when
     given, is called by per-cell records (:func:`reset_provider_peaks`) as they reset
-    torch's and the host's peak counters.
+    torch's and the host's peak counters. ``empty_cache()``, when given, gives the device's
+    cached memory back, as ``torch.cuda.empty_cache()`` does on a card
+    (:func:`empty_provider_caches`, called by ``%vram free``).
     """
     with _PROVIDERS_LOCK:
         _PROVIDERS[fn] = reset_peak
+        if empty_cache is not None:
+            _CACHE_EMPTIERS[fn] = empty_cache
 
 
 def unregister_device_provider(fn: DeviceProvider) -> None:
     """Remove a device source added by :func:`register_device_provider`."""
     with _PROVIDERS_LOCK:
         _PROVIDERS.pop(fn, None)
+        _CACHE_EMPTIERS.pop(fn, None)
+
+
+def empty_provider_caches() -> None:
+    """Give back the cache of every registered provider that has one (a virtual GPU's). Never raises."""
+    with _PROVIDERS_LOCK:
+        emptiers = list(_CACHE_EMPTIERS.values())
+    for e in emptiers:
+        try:
+            e()
+        except Exception:
+            pass
 
 
 def reset_provider_peaks() -> None:

@@ -236,6 +236,74 @@ def test_oom_in_a_cell_is_explained(ip):
     assert get_sampler().markers[-1].kind == "oom"
 
 
+_SETUP_TWO_RUNS = """
+import gc, torch
+from torch import nn
+from vramlab.sim import VirtualGPU
+
+def step(batch):
+    # fixed: an embedding table, its dense gradient and Adam's two moments; per sample: 64 tokens
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(20000, 256), nn.Linear(256, 10)
+    opt = torch.optim.Adam([*emb.parameters(), *head.parameters()])
+    tokens, labels = torch.randint(0, 20000, (batch, 64)), torch.randint(0, 10, (batch * 64,))
+    nn.functional.cross_entropy(head(torch.relu(emb(tokens))).flatten(0, 1), labels).backward()
+    opt.step()
+
+gpu = VirtualGPU("512MiB").__enter__()
+"""
+
+
+@pytest.mark.parametrize("first", ["auto", "cell magic"])
+def test_a_cell_that_fitted_at_a_smaller_batch_gives_a_batch_that_fits(ip, first, monkeypatch):
+    """In a notebook: the cell runs at batch 512 (it fits), then at 4096 (torch.OutOfMemoryError on
+    a 512 MiB virtual card). The explanation shown after the cell derives its batch from the two
+    runs, and that batch runs in the next cell. The first run is recorded by %vram auto on, or by
+    %%vram with the same code: the records know the cell by its code with the batch left out."""
+    import collections
+    import re
+
+    from vramlab.runtime.records import get_recorder
+
+    # a history of this test's cells only: the other parameter's runs of the same cell stay out
+    monkeypatch.setattr(get_recorder(), "history", collections.deque(maxlen=get_recorder().history.maxlen))
+    ip.run_line_magic("load_ext", "vramlab")
+    r = ip.run_cell(_SETUP_TWO_RUNS)
+    assert r.success, r.error_in_exec
+    try:
+        with capture_output():
+            if first == "cell magic":
+                r = ip.run_cell("%%vram\nbatch_size = 512\nstep(batch_size)\n", store_history=True)
+                assert r.success
+            ip.run_line_magic("vram", "auto on")
+            if first == "auto":
+                assert ip.run_cell("batch_size = 512\nstep(batch_size)\n", store_history=True).success
+        with capture_output() as cap:
+            r = ip.run_cell("batch_size = 4096\nstep(batch_size)\n", store_history=True)
+        assert not r.success and type(r.error_in_exec).__name__ == "OutOfMemoryError"
+        expl = next(o.data["text/plain"] for o in cap.outputs if "out of memory" in o.data["text/plain"])
+        assert "from two runs of this cell at batch 512 and 4096" in expl, expl
+        fit = int(re.search(r"batch size 4096 -> try (\d+), from two runs", expl).group(1))
+        assert 512 < fit < 4096
+        with capture_output():
+            ip.run_line_magic("vram", "free")
+            ip.run_cell("gpu.empty_cache()")  # what %vram free does on a CUDA card: give the cache back
+            r = ip.run_cell(f"batch_size = {fit}\nstep(batch_size)\n", store_history=True)
+        assert r.success, r.error_in_exec
+        import vramlab
+
+        key = vramlab.last().cell_key
+        runs = [(c.batch_size, c.error) for c in vramlab.history().cells if c.cell_key == key][-3:]
+        assert key is not None and runs == [(512, None), (4096, "OutOfMemoryError"), (fit, None)]
+    finally:
+        with capture_output():
+            ip.run_line_magic("vram", "auto off")
+            ip.run_cell("gpu.__exit__(None, None, None); del gpu, step; gc.collect()")
+        from vramlab.lessons.ramplan import release_free_heap
+
+        release_free_heap()  # the steps' freed heap would serve the next tests' new pages, hiding them
+
+
 @pytest.mark.parametrize("line", ["--json", "--last 2", "--interval 1", "history"])
 def test_cell_magic_rejects_every_option_but_keep_peaks_and_uss(ip, line):
     ip.run_line_magic("load_ext", "vramlab")

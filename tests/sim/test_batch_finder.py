@@ -178,3 +178,23 @@ def test_table_text_and_html():
     assert "max batch size 4" in r.text() and "T4" in r.device
     assert "<table>" in r._repr_html_()
     assert r._repr_mimebundle_()["text/plain"] == r.text()
+
+
+def test_a_reused_virtual_card_gives_its_cache_back_between_trials_as_cuda_does():
+    """One card for every trial finds what a fresh card per trial finds: a failed trial's cached
+    blocks are given back before the next (the finder calls torch.cuda.empty_cache() on CUDA)."""
+    from torch import nn
+
+    def step(batch: int) -> None:
+        torch.manual_seed(0)
+        emb, head = nn.Embedding(20000, 256), nn.Linear(256, 10)  # 120 MiB fixed with Adam's moments
+        opt = torch.optim.Adam([*emb.parameters(), *head.parameters()])
+        tokens, labels = torch.randint(0, 20000, (batch, 64)), torch.randint(0, 10, (batch * 64,))
+        nn.functional.cross_entropy(head(torch.relu(emb(tokens))).flatten(0, 1), labels).backward()
+        opt.step()
+
+    fresh = find_max_batch_size(step, start=512, device="512MiB")
+    card = VirtualGPU("512MiB")
+    reused = find_max_batch_size(step, start=512, device=card)
+    assert reused.max_batch_size == fresh.max_batch_size, (reused.max_batch_size, fresh.max_batch_size)
+    assert card.reserved == 0  # nothing left cached after the search

@@ -254,6 +254,9 @@ print(f"device memory   {format_bytes(device_delta, signed=True)}  (512-byte rou
 print(f"host RSS        {format_bytes(host_delta, signed=True)}")
 
 # 64 MiB written straight on the device: does the host pay for them?
+from vramlab.lessons.ramplan import release_free_heap
+
+release_free_heap()  # freed heap pages go back first, so that new bytes need new pages
 rss_before_fill = vramlab.snapshot().host.process_rss
 filled = torch.ones(64 * MiB, dtype=torch.uint8, device=dev.device)
 fill_host_delta = vramlab.snapshot().host.process_rss - rss_before_fill

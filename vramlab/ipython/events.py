@@ -27,13 +27,14 @@ from typing import Any, Optional
 
 from IPython.display import display
 
+from ..runtime.cells import batch_size_in, cell_key
 from ..runtime.sampler import existing_sampler, get_sampler
 from .outputs import OutputTracker, Replay, replay
 
 # The records, the OOM explainer and the readings behind them are imported when a cell
 # first needs them, so that %load_ext imports no more than this layer and the data.
 
-__all__ = ["CellEvents", "cell_number", "show_record"]
+__all__ = ["CellEvents", "cell_number", "code_key", "show_record"]
 
 #: how many frames up from a callback :func:`cell_number` looks for IPython's run_cell
 _FRAMES = 12
@@ -65,6 +66,16 @@ def cell_number(shell: Any, info: Any = None) -> Optional[int]:
             frame = frame.f_back
     count = getattr(shell, "execution_count", None)
     return count if isinstance(count, int) else None
+
+
+def code_key(shell: Any, raw: str) -> Optional[str]:
+    """The :func:`~vramlab.runtime.cells.cell_key` of a cell's code as IPython runs it (its
+    magics and shell escapes turned into calls), or of the raw text when that fails."""
+    try:
+        code = shell.transform_cell(raw)
+    except Exception:
+        code = raw
+    return cell_key(code if isinstance(code, str) else raw)
 
 
 def show_record(shell: Any, tracker: OutputTracker, record: Any, as_line: bool, result_shown: bool = False) -> None:
@@ -116,12 +127,14 @@ class CellEvents:
         self.tracker = OutputTracker(shell)
         self.interrupter = _InterruptAtStart(self)
         self._token: Any = None
+        self._key: Optional[str] = None  # the auto-mode cell's code, batch size left out (cell_key)
 
     def pre_run_cell(self, info: Any = None) -> None:
         """Mark the cell's start; in auto mode, begin its record."""
         try:
             self.in_cell_magic = False
             self._token = None
+            self._key = None
             self.interrupt_held = False
             count = cell_number(self.shell, info)
             sampler = existing_sampler()
@@ -131,6 +144,7 @@ class CellEvents:
             if self.auto and not raw.lstrip().startswith("%%vram"):
                 from ..runtime.records import get_recorder
 
+                self._key = code_key(self.shell, raw)
                 self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks, uss=self.uss)
                 self.tracker.start()
         except KeyboardInterrupt:
@@ -156,7 +170,8 @@ class CellEvents:
                 from ..runtime.records import get_recorder
 
                 count = getattr(result, "execution_count", None)
-                record = get_recorder().end(self._token, error, execution_count=count)
+                record = get_recorder().end(self._token, error, execution_count=count, cell_key=self._key,
+                                            batch_size=batch_size_in(self.shell.user_ns))
                 self._token = None
                 shown = getattr(result, "result", None) is not None
                 show_record(self.shell, self.tracker, record, as_line=True, result_shown=shown)
@@ -174,13 +189,17 @@ class CellEvents:
 
         if is_oom(error):
             try:
+                from ..runtime.records import get_recorder
+
                 get_sampler().mark("oom", f"OOM in [{getattr(result, 'execution_count', '?')}]")
-                display(explain_oom(error, self.shell.user_ns, record))
+                # the earlier records let a run of the same cell at a smaller batch give a batch that fits
+                display(explain_oom(error, self.shell.user_ns, record, history=tuple(get_recorder().history)))
             except Exception:
                 pass
 
     def _abandon(self) -> None:
         self._token = None
+        self._key = None
         try:
             self.tracker.stop()
         except BaseException:  # pragma: no cover - removing the wrappers is a few dict operations

@@ -39,7 +39,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from .events import CellEvents, cell_number, show_record
+from .events import CellEvents, cell_number, code_key, show_record
 
 # Each subcommand imports what it calls when it runs: %load_ext stays cheap.
 
@@ -213,6 +213,7 @@ class VramMagics(Magics):
 
     # -- %%vram
     def _cell(self, cell: str, keep_peaks: bool, uss: bool = False) -> Any:
+        from ..runtime.cells import batch_size_in
         from ..runtime.records import get_recorder
 
         __tracebackhide__ = True  # noqa: F841
@@ -220,6 +221,7 @@ class VramMagics(Magics):
         self._events.in_cell_magic = True
         count = cell_number(self.shell)
         try:
+            key = code_key(self.shell, cell)  # the body: the same key as the cell run under %vram auto on
             token = rec.begin(count, keep_peaks=keep_peaks, uss=uss)
         except KeyboardInterrupt:
             # the user's interrupt came before the cell's code: it stops the cell, and the
@@ -235,7 +237,7 @@ class VramMagics(Magics):
             raise
         finally:
             try:
-                record = rec.end(token, error)
+                record = rec.end(token, error, cell_key=key, batch_size=batch_size_in(getattr(self.shell, "user_ns", None)))
                 show_record(self.shell, tracker, record, as_line=False)
             except BaseException:  # an interrupt after the cell's code: the code's outcome stands
                 tracker.stop()

@@ -9,7 +9,15 @@
 - :mod:`vramlab.lessons.quant`, :mod:`vramlab.lessons.prune`: quantisation and pruning.
 - :mod:`vramlab.lessons.finetune`: 8-bit optimizer state, LoRA, bytes per parameter.
 - :mod:`vramlab.lessons.predict`: ``guess()``, the learner's prediction beside a measurement.
+- :mod:`vramlab.lessons.figures`: the words of a figure (titles, axis labels, legends) kept in
+  its PNG output's metadata, and the rule the committed notebooks' figures are checked by.
 
 These modules import torch when they are imported (``device`` only when used); importing
-this package imports none of them. All sizes are in bytes.
+this package imports none of them. It does, in IPython, register :func:`.figures.install`:
+from then on each matplotlib figure the shell shows as PNG carries its labels (no matplotlib
+is imported for that). All sizes are in bytes.
 """
+
+from .figures import install as _install_figure_labels
+
+_install_figure_labels()

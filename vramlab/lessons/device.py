@@ -19,7 +19,8 @@ Then the same code runs on both:
   is on the card: run the step that creates an optimizer's state inside ``measure()`` too;
 - ``dev.allocated()``, ``dev.reserved()`` (allocated plus the caching allocator's cache),
   ``dev.capacity``, ``dev.cleanup()``, ``dev.large``; ``m.peak_reserved`` is the block's
-  highest reserved.
+  highest reserved. ``dev.attach()`` keeps the virtual GPU active between blocks, as a card
+  is, so that per-cell records (``%%vram``) see it; ``dev.detach()`` ends that.
 
 The virtual GPU models PyTorch's CUDA caching allocator (``allocator="caching"``, the
 default: :mod:`vramlab.sim.allocator`), so reserved memory, the cache and fragmentation behave
@@ -161,6 +162,20 @@ class LessonDevice:
             m.end = gpu.allocated
             if entered:
                 gpu.__exit__(None, None, None)
+
+    def attach(self) -> None:
+        """Keep the virtual GPU active between ``measure()`` blocks, as a real card always is: every
+        storage created from now on is the card's, and ``%%vram`` / ``%vram auto`` records show the
+        card. Undone by :meth:`detach`. On CUDA, nothing to do."""
+        if not self.is_cuda and not self.virtual.active:
+            self.virtual.__enter__()
+            self._attached = True
+
+    def detach(self) -> None:
+        """End :meth:`attach`: the virtual GPU is active only inside ``measure()`` again."""
+        if getattr(self, "_attached", False):
+            self._attached = False
+            self.virtual.__exit__(None, None, None)
 
     def cleanup(self) -> None:
         """Collect garbage and return cached blocks to the driver (``empty_cache``, on CUDA and

@@ -87,13 +87,18 @@ class Recorder:
         return RecordToken(snap, time.time(), time.perf_counter(), execution_count, keep, host_reset, want_uss)
 
     def end(self, token: Optional[RecordToken], error: Optional[BaseException] = None,
-            execution_count: Optional[int] = None) -> Optional[CellRecord]:
+            execution_count: Optional[int] = None, cell_key: Optional[str] = None,
+            batch_size: Optional[int] = None) -> Optional[CellRecord]:
         """Finish the record ``token`` (from :meth:`begin`); ``None`` when there is none.
 
         Args:
             token: what :meth:`begin` returned.
             error: the exception the cell raised, if any (its type's name is recorded).
             execution_count: the cell's number, when it is known better now than at the start.
+            cell_key: the cell's code with its batch size left out
+                (:func:`vramlab.runtime.cells.cell_key`), so that runs of one cell can be compared.
+            batch_size: the batch variable's value when the cell ended
+                (:func:`vramlab.runtime.cells.batch_size_in`).
         """
         if token is None:
             return None
@@ -146,7 +151,7 @@ class Recorder:
             ))
         err = None if error is None else type(error).__name__
         rec = CellRecord(execution_count=count, started=started, wall_s=wall, error=err, host=host,
-                         devices=tuple(devices), peaks_reset=not keep)
+                         devices=tuple(devices), peaks_reset=not keep, cell_key=cell_key, batch_size=batch_size)
         self.history.append(rec)
         return rec
 

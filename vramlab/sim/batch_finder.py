@@ -149,9 +149,13 @@ class _Runner:
         return VirtualGPU(self.spec)
 
     def cleanup(self) -> None:
+        """Between trials: collect, then give the cache back, on CUDA and on a reused virtual card
+        alike, so that one trial's cached blocks do not fragment the next."""
         gc.collect()
         if self.cuda is not None:
             self.torch.cuda.empty_cache()
+        elif self.virtual is not None and not self.fresh:
+            self.virtual.empty_cache()
 
     def run(self, step_fn: Callable[[int], Any], batch: int) -> tuple[bool, Optional[int]]:
         """Run ``step_fn(batch)``; ``(fits, peak)``. Non-OOM exceptions propagate unchanged."""

@@ -499,7 +499,7 @@ class VirtualGPU:
             self._active = True
             if self._kernels is not None:
                 self._stack.enter_context(self._kernels)
-            register_device_provider(self._provider, self.reset_peak)
+            register_device_provider(self._provider, self.reset_peak, self.empty_cache)
         except BaseException:
             self._teardown()
             raise
