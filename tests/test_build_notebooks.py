@@ -98,8 +98,10 @@ def test_the_numbers_the_prose_quotes_are_the_ones_printed_above_it(path):
             continue
         values = [v for _, v in meta["quotes"]]
         assert build.fill(meta["template"], values) == cell.source
+        lang = "pt-BR" if path.parent.name == "pt-BR" else "en"
         for placeholder, value in meta["quotes"]:
-            assert value in above, f"the prose quotes {value} ({placeholder}), which no cell above it printed"
+            printed = build.local_number(value, lang)  # swapping the separators twice gives the output's
+            assert printed in above, f"the prose quotes {value} ({placeholder}), which no cell above it printed"
 
 
 def test_a_quote_is_filled_from_its_own_cell_and_the_cell_removed():
@@ -148,3 +150,11 @@ def test_the_road_map_lists_every_lesson_with_its_reading_time_from_its_word_cou
     assert stated == {p.stem[:2]: _reading_minutes(p) for p in SOURCES}
     translated = (ROOT / "tools" / "notebooks" / "pt-BR" / "00_start_here.po").read_text()
     assert {k: int(v) for k, v in re.findall(r'^"\| (\d\d) [^\n]*\| (\d+) min \|\\n"$', translated, re.M)} == stated
+
+
+def test_numbers_in_the_portuguese_prose_use_the_decimal_comma():
+    build = _builder()
+    assert build.local_number("1,024.50 MiB", "pt-BR") == "1.024,50 MiB"
+    assert build.local_number("98.01 GiB", "pt-BR") == "98,01 GiB"
+    assert build.local_number("98.01 GiB", "en") == "98.01 GiB"
+    assert build.local_number(build.local_number("12.3", "pt-BR"), "pt-BR") == "12.3"

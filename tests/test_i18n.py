@@ -152,3 +152,48 @@ def test_oom_advice_in_portuguese():
     assert "[vramlab] falta de memória" in text and "precisão mista" in text and "2.00 GiB" in text
     assert "expandable_segments:True" in text and "fragmentação" in text
     assert "%vram free" in text
+
+
+def test_the_text_displays_speak_the_notebooks_language_layer_labels_included():
+    from vramlab.display.text import freed_text, history_text, record_line, record_text, snapshot_text
+    from vramlab.model import CellRecord, DeviceDelta, FreedDevice, FreedReport, History, HostDelta
+    from vramlab.reconcile import snapshot
+
+    host = HostDelta(rss_start=0, rss_end=2**20, rss_delta=2**20, peak=2**21, peak_delta=2**21, swap_delta=None,
+                     peak_exact=True)
+    dev = DeviceDelta(id="cuda:0", allocated_start=0, allocated_delta=2**20, peak_allocated=2**22,
+                      peak_allocated_delta=2**22, reserved_delta=2**21, nvml_delta=None)
+    rec = CellRecord(execution_count=3, started=0.0, wall_s=0.25, error="OutOfMemoryError", host=host, devices=(dev,))
+    freed = FreedReport(host=2**20, devices=(FreedDevice(id="cuda:0", allocated=2**20, reserved=2**21),),
+                        cleared=("sys.last_value",))
+    snap = snapshot()
+
+    def render() -> str:
+        return "\n".join([snapshot_text(snap), record_text(rec), record_line(rec),
+                          history_text(History(cells=(rec,), samples=(), markers=())), history_text(History((), (), ())),
+                          freed_text(freed)])
+
+    set_lang("pt-BR")
+    pt = render()
+    set_lang("en")
+    en = render()
+    for english, portuguese in [("this process", "este processo"), ("available", "disponível"),
+                                ("peak during cell", "pico na célula"), ("raised OutOfMemoryError", "lançou OutOfMemoryError"),
+                                ("no cell records yet", "ainda não há registros de células"),
+                                ("[vramlab] freed: host RSS", "[vramlab] liberado: RSS do host"),
+                                ("reserved", "reservada")]:
+        assert english in en and portuguese in pt, (english, portuguese)
+        assert english not in pt, english
+
+
+def test_the_html_table_names_the_layers_in_the_notebooks_language():
+    from vramlab.display.html import snapshot_html
+    from vramlab.reconcile import snapshot
+
+    snap = snapshot()
+    set_lang("pt-BR")
+    pt = snapshot_html(snap)
+    set_lang("en")
+    en = snapshot_html(snap)
+    assert "este processo" in pt and "disponível" in pt and "this process" not in pt
+    assert "this process" in en and "available" in en

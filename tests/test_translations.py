@@ -102,3 +102,29 @@ def test_a_new_english_cell_is_missing(scratch):
     assert found.missing == ["A new paragraph."]
     i18n.update_catalog("pt-BR", scratch.stem)
     assert i18n.problems("pt-BR", scratch.stem).missing == ["A new paragraph."]  # empty entry, still missing
+
+
+# Renderings the term list (docs/pt-BR/termos.md) rules out: calques found in review, and the
+# second word for an idea that has one ("lança" for raise, "áreas de trabalho" for workspaces)
+_RULED_OUT = ("levanta", "conta de guardanapo", "botões da CNN", "caminhos de travessia", "apoiado num arquivo",
+              "arquivo por trás", "reinicia o pico", "coletas", "o que cada um tem sozinho")
+
+
+def test_the_portuguese_edition_uses_one_word_per_idea_and_none_of_the_calques():
+    import re
+
+    import polib
+
+    texts = {str(p.relative_to(ROOT)): "\n".join(e.msgstr for e in polib.pofile(str(p)))
+             for p in [*(ROOT / "tools" / "notebooks" / "pt-BR").glob("*.po"),
+                       ROOT / "vramlab" / "locale" / "pt_BR" / "LC_MESSAGES" / "vramlab.po"]}
+    texts.update({str(p.relative_to(ROOT)): p.read_text() for p in [*(ROOT / "docs" / "pt-BR").glob("*.md"),
+                                                                   ROOT / "README.pt-BR.md"]
+                  if p.name != "termos.md"})  # the term list names what it rules out
+    found = [(name, bad) for name, text in texts.items() for bad in _RULED_OUT if bad in text.lower()]
+    assert not found, found
+    # workspaces: the Portuguese word, with the English one beside it at most
+    bare = [(name, m.group(0)) for name, text in texts.items()
+            for m in re.finditer(r".{0,30}\bworkspaces?\b.{0,20}", text, re.S)
+            if not re.search(r"áreas?\s+de\s+trabalho", m.group(0))]
+    assert not bare, bare

@@ -143,7 +143,19 @@ def insert_quote_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def fill_quotes(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+_NUMBER = re.compile(r"\d[\d,]*\.?\d*")
+
+
+def local_number(value: str, lang: str) -> str:
+    """``value`` with its numbers written as the edition writes them in prose: in pt-BR the decimal
+    separator is a comma and the thousands one a point (``docs/pt-BR/termos.md``); outputs keep
+    Python's."""
+    if lang != "pt-BR":
+        return value
+    return _NUMBER.sub(lambda m: m.group(0).translate(str.maketrans(",.", ".,")), value)
+
+
+def fill_quotes(nb: nbformat.NotebookNode, lang: str = "en") -> nbformat.NotebookNode:
     """Put each quote cell's values into the markdown cell after it, then drop the quote cells.
 
     Raises:
@@ -161,7 +173,7 @@ def fill_quotes(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 raise ValueError(f"a quote in the prose failed: {cell.source.splitlines()[1]} {errors}")
             import json
 
-            values = json.loads(line[len(_QUOTE_MARK):])
+            values = [local_number(v, lang) for v in json.loads(line[len(_QUOTE_MARK):])]
             continue
         if values is not None and cell.cell_type == "markdown":
             template = cell.source
@@ -215,7 +227,7 @@ def build(name: str, timeout: int = 600, lang: str = "en") -> float:
         raise
     dt = time.perf_counter() - t0
     fold_solutions(nb, lang)
-    fill_quotes(nb)
+    fill_quotes(nb, lang)
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{name[:2]}-{i:03d}"
     nbformat.write(nb, out / f"{name}.ipynb")

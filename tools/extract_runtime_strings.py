@@ -38,6 +38,11 @@ def tr_strings() -> dict[str, list[str]]:
                 found.setdefault(node.args[0].value, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
     for n in NOTES:
         found.setdefault(n, []).append("notes (vramlab.i18n.tr_note)")
+    sys.path.insert(0, str(ROOT))
+    from vramlab.model import DEVICE_LAYERS, HOST_LAYERS
+
+    for label in (*HOST_LAYERS.values(), *DEVICE_LAYERS.values()):  # shown through tr() by the displays
+        found.setdefault(label, []).append("layer labels (vramlab.model)")
     return found
 
 

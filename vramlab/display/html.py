@@ -13,9 +13,9 @@ import html as _html
 from typing import Optional
 
 from ..i18n import tr_note
-from ..model import DEVICE_LAYERS, HOST_LAYERS, CellRecord, OOMExplanation, Snapshot
+from ..model import CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
-from .text import children_extra, oom_text, unreadable_text, virtual_smi_text
+from .text import children_extra, device_labels, host_labels, oom_text, unreadable_text, virtual_smi_text
 
 __all__ = ["snapshot_html", "html_bar", "record_html", "oom_html", "COLOURS"]
 
@@ -87,12 +87,12 @@ def snapshot_html(s: Snapshot) -> str:
     peak = format_bytes(h.process_peak) + ("" if h.peak_exact else " (lifetime)")
     swap = (f"swap {format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}" if h.swap_total
             else "no swap")
-    kids = f" · {_html.escape(HOST_LAYERS['children'])}: {_html.escape(children_extra(h))}" if h.children_count else ""
+    kids = f" · {_html.escape(host_labels()['children'])}: {_html.escape(children_extra(h))}" if h.children_count else ""
     rows.append(
         f"{_TR}<td {td}><b>host</b><br><small>limit {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}</small></td>"
-        f"<td {td}>{html_bar(h.layers, HOST_LAYERS)}"
+        f"<td {td}>{html_bar(h.layers, host_labels())}"
         f'<div style="font-size:90%;margin-top:3px">'
-        f'{_legend(h.layers, HOST_LAYERS, h.limit, ("out_of_reach", "children"))}</div>'
+        f'{_legend(h.layers, host_labels(), h.limit, ("out_of_reach", "children"))}</div>'
         f'<div style="font-size:90%">peak RSS {peak} · {swap}{kids}'
         + (' · <b style="color:#e15759">≥ 90% of the limit</b>' if warn else "")
         + "</div></td></tr>"
@@ -109,9 +109,9 @@ def snapshot_html(s: Snapshot) -> str:
             body += f'<div style="font-size:90%">{_html.escape(unreadable_text(d, s.notes) or "")}</div>'
         if d.layers:
             warn = _used_fraction(d.layers, ("free",)) >= _WARN
-            body += html_bar(d.layers, DEVICE_LAYERS)
+            body += html_bar(d.layers, device_labels())
             body += (f'<div style="font-size:90%;margin-top:3px">'
-                     f'{_legend(d.layers, DEVICE_LAYERS, d.total, _DEVICE_SKIP_ZERO)}</div>')
+                     f'{_legend(d.layers, device_labels(), d.total, _DEVICE_SKIP_ZERO)}</div>')
             if warn:
                 body += '<div style="font-size:90%"><b style="color:#e15759">≥ 90% of the device in use</b></div>'
         if d.torch_peak_allocated is not None:

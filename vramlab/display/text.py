@@ -14,7 +14,7 @@ from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, Fre
                      HostSnapshot, OOMExplanation, Snapshot)
 from ..units import format_bytes
 
-__all__ = ["snapshot_text", "text_bar", "children_extra", "unreadable_text", "record_text", "record_line", "history_text", "oom_text",
+__all__ = ["host_labels", "device_labels", "snapshot_text", "text_bar", "children_extra", "unreadable_text", "record_text", "record_line", "history_text", "oom_text",
            "freed_text", "virtual_smi_text"]
 
 #: One character per layer in text bars.
@@ -32,6 +32,16 @@ BAR_CHARS: dict[str, str] = {
     "out_of_reach": "x",
     "available": ".",
 }
+
+
+def host_labels() -> dict[str, str]:
+    """The host's layer labels, in the current language (:func:`vramlab.i18n.tr`)."""
+    return {k: tr(v) for k, v in HOST_LAYERS.items()}
+
+
+def device_labels() -> dict[str, str]:
+    """A device's layer labels, in the current language."""
+    return {k: tr(v) for k, v in DEVICE_LAYERS.items()}
 
 
 def text_bar(layers: tuple[tuple[str, int], ...], width: int = 40) -> str:
@@ -60,16 +70,17 @@ def children_extra(h: HostSnapshot) -> str:
     """What the host's children layer holds, in words: how many, and which figure it is
     (their USS when read, else their RSS summed, which counts shared pages in each)."""
     n = h.children_count
-    who = f"{n} process" + ("" if n == 1 else "es")
+    who = tr("{n} process", n=n) if n == 1 else tr("{n} processes", n=n)
     if h.children_uss is not None:
-        out = f"{who}, USS (RSS summed {format_bytes(h.children_rss)}"
+        out = tr("{who}, USS (RSS summed {rss}", who=who, rss=format_bytes(h.children_rss))
         if h.children_pss is not None:
             out += f", PSS {format_bytes(h.children_pss)}"
         return out + ")"
-    return f"{who}, RSS summed: counts shared pages in each (--uss for USS)"
+    return tr("{who}, RSS summed: counts shared pages in each (--uss for USS)", who=who)
 
 
 _UNREADABLE = "NVML cannot read this device"
+tr("NVML cannot read this device")  # (for the catalog's extraction: _UNREADABLE goes through tr)
 
 
 def unreadable_text(d: DeviceSnapshot, notes: tuple[str, ...] = ()) -> Optional[str]:
@@ -83,8 +94,8 @@ def unreadable_text(d: DeviceSnapshot, notes: tuple[str, ...] = ()) -> Optional[
     if d.total is not None:
         return None
     if not d.source.startswith("nvml"):
-        return "no memory figures: see the notes"
-    why = "see the notes"
+        return tr("no memory figures: see the notes")
+    why = tr("see the notes")
     if d.nvml_index is not None:
         head = f"NVML device {d.nvml_index}"
         for n in notes:
@@ -92,7 +103,7 @@ def unreadable_text(d: DeviceSnapshot, notes: tuple[str, ...] = ()) -> Optional[
                 why = n.split(" cannot be read: ", 1)[1]
                 why = why.split("; it is left out of the figures", 1)[0].strip() or why
                 break
-    return f"{_UNREADABLE}: {why}"
+    return f"{tr(_UNREADABLE)}: {why}"
 
 
 def virtual_smi_text(d: DeviceSnapshot) -> str:
@@ -104,56 +115,61 @@ def virtual_smi_text(d: DeviceSnapshot) -> str:
 def snapshot_text(s: Snapshot, width: int = 40) -> str:
     """Render ``s`` as an aligned plain-text table (sizes in IEC units)."""
     when = _dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S")
-    lines = [f"vramlab snapshot {when}", ""]
+    lines = [tr("vramlab snapshot {when}", when=when), ""]
     h = s.host
-    lines.append(f"host  limit {format_bytes(h.limit)} ({h.limit_source}), RAM {format_bytes(h.total)}")
+    source = tr("physical RAM") if h.limit_source == "physical RAM" else h.limit_source
+    lines.append(tr("host  limit {limit} ({source}), RAM {total}", limit=format_bytes(h.limit), source=source,
+                    total=format_bytes(h.total)))
     lines.append("  " + text_bar(h.layers, width))
     for key, n in h.layers:
         if (key == "out_of_reach" and n == 0) or (key == "children" and n == 0 and not h.children_count):
             continue
-        label = HOST_LAYERS[key]
+        label = tr(HOST_LAYERS[key])
         extra = ""
         if key == "process":
-            peak = format_bytes(h.process_peak)
-            extra = f"  peak {peak}" + ("" if h.peak_exact else " (lifetime, not resettable)")
+            extra = "  " + tr("peak {peak}", peak=format_bytes(h.process_peak))
+            extra += "" if h.peak_exact else " " + tr("(lifetime, not resettable)")
             if h.process_uss is not None:
                 extra += f"  USS {format_bytes(h.process_uss)}"
         elif key == "children":
             extra = "  " + children_extra(h)
         lines.append(f"  {BAR_CHARS[key]} {label:<20}{format_bytes(n):>12} {_pct(n, h.limit)}{extra}")
     if h.swap_total:
-        lines.append(f"  swap {format_bytes(h.swap_used)} of {format_bytes(h.swap_total)} used,"
-                     f" paged in {format_bytes(h.swap_in)}, out {format_bytes(h.swap_out)} since boot")
+        lines.append("  " + tr("swap {used} of {total} used, paged in {swap_in}, out {swap_out} since boot",
+                                used=format_bytes(h.swap_used), total=format_bytes(h.swap_total),
+                                swap_in=format_bytes(h.swap_in), swap_out=format_bytes(h.swap_out)))
     else:
-        lines.append("  swap none configured")
+        lines.append("  " + tr("swap none configured"))
     for d in s.devices:
         lines.append("")
         head = f"{d.id}  {d.name or '?'}"
         if d.total is not None:
-            head += f"  total {format_bytes(d.total)}"
+            head += "  " + tr("total {total}", total=format_bytes(d.total))
         if d.utilization is not None:
-            head += f"  util {d.utilization}%"
+            head += "  " + tr("util {pct}%", pct=d.utilization)
         lines.append(head)
         if d.layers:
             lines.append("  " + text_bar(d.layers, width))
             for key, n in d.layers:
                 if n == 0 and key in ("driver_reserved", "unattributed", "children"):
                     continue
-                label = DEVICE_LAYERS[key]
+                label = tr(DEVICE_LAYERS[key])
                 lines.append(f"  {BAR_CHARS[key]} {label:<20}{format_bytes(n):>12} {_pct(n, d.total)}")
         if d.torch_peak_allocated is not None:
-            extra = f"  peak allocated {format_bytes(d.torch_peak_allocated)}, peak reserved {format_bytes(d.torch_peak_reserved)}"
+            extra = "  " + tr("peak allocated {allocated}, peak reserved {reserved}",
+                              allocated=format_bytes(d.torch_peak_allocated),
+                              reserved=format_bytes(d.torch_peak_reserved))
             if d.torch_inactive_split:
-                extra += f", fragmented {format_bytes(d.torch_inactive_split)}"
+                extra += ", " + tr("fragmented {size}", size=format_bytes(d.torch_inactive_split))
             if d.num_ooms:
-                extra += f", OOMs {d.num_ooms}"
+                extra += ", " + tr("OOMs {n}", n=d.num_ooms)
             lines.append(extra)
         if d.kind == "virtual" and d.used is not None:
             lines.append("  " + virtual_smi_text(d))
         if d.source.startswith("nvml") and d.total is None:
             lines.append(f"  ({unreadable_text(d, s.notes)})")
         elif d.source == "nvml" and d.id.startswith("cuda"):
-            lines.append("  (torch has not used this device: no allocator figures)")
+            lines.append("  " + tr("(torch has not used this device: no allocator figures)"))
     if not s.devices:
         lines.append("")
         lines.append(tr("no accelerators"))
@@ -168,32 +184,36 @@ def record_text(r: CellRecord) -> str:
     """A per-cell record as a small aligned table."""
     fb = format_bytes
     h = r.host
-    head = f"vramlab cell {r.execution_count if r.execution_count is not None else '-'} · {r.wall_s:.3f} s"
+    head = tr("vramlab cell {n} · {wall} s", n=r.execution_count if r.execution_count is not None else "-",
+              wall=f"{r.wall_s:.3f}")
     if r.error:
-        head += f" · raised {r.error}"
-    lines = [head, f"  {'':<10}{'delta':>12}{'peak during cell':>20}"]
-    peak = "n/a" if h.peak_delta is None else "+" + fb(max(h.peak_delta, 0))
-    lines.append(f"  {'host RSS':<10}{fb(h.rss_delta, signed=True):>12}{peak:>20}")
+        head += " · " + tr("raised {error}", error=r.error)
+    na = tr("n/a")
+    lines = [head, f"  {'':<10}{tr('delta'):>12}{tr('peak during cell'):>20}"]
+    peak = na if h.peak_delta is None else "+" + fb(max(h.peak_delta, 0))
+    lines.append(f"  {tr('host RSS'):<10}{fb(h.rss_delta, signed=True):>12}{peak:>20}")
     if h.uss_delta is not None:
-        lines.append(f"  {'host USS':<10}{fb(h.uss_delta, signed=True):>12}{'':>20}  {fb(h.uss_end)} at the end")
+        lines.append(f"  {tr('host USS'):<10}{fb(h.uss_delta, signed=True):>12}{'':>20}  "
+                     + tr("{size} at the end", size=fb(h.uss_end)))
     if h.swap_delta:
         lines.append(f"  {'swap':<10}{fb(h.swap_delta, signed=True):>12}")
     if _had_children(h):
-        lines.append(f"  {'children':<10}{fb(h.children_rss_delta, signed=True):>12}{'':>20}  "
-                     f"RSS summed, {h.children_count_start} -> {h.children_count_end} processes")
+        lines.append(f"  {tr('children'):<10}{fb(h.children_rss_delta, signed=True):>12}{'':>20}  "
+                     + tr("RSS summed, {start} -> {end} processes", start=h.children_count_start,
+                          end=h.children_count_end))
         if h.children_uss_delta is not None:
             lines.append(f"  {'':<10}{fb(h.children_uss_delta, signed=True):>12}{'':>20}  USS")
     for d in r.devices:
         if d.allocated_delta is None and d.nvml_delta is None:
             continue
-        pk = "n/a" if d.peak_allocated_delta is None else "+" + fb(max(d.peak_allocated_delta, 0))
-        lines.append(f"  {d.id:<10}{fb(d.allocated_delta, signed=True):>12}{pk:>20}  allocated")
+        pk = na if d.peak_allocated_delta is None else "+" + fb(max(d.peak_allocated_delta, 0))
+        lines.append(f"  {d.id:<10}{fb(d.allocated_delta, signed=True):>12}{pk:>20}  " + tr("allocated"))
         if d.reserved_delta is not None:
-            lines.append(f"  {'':<10}{fb(d.reserved_delta, signed=True):>12}{'':>20}  reserved")
+            lines.append(f"  {'':<10}{fb(d.reserved_delta, signed=True):>12}{'':>20}  " + tr("reserved"))
         if d.nvml_delta is not None:
-            lines.append(f"  {'':<10}{fb(d.nvml_delta, signed=True):>12}{'':>20}  NVML (this process)")
+            lines.append(f"  {'':<10}{fb(d.nvml_delta, signed=True):>12}{'':>20}  " + tr("NVML (this process)"))
     if not r.peaks_reset:
-        lines.append("  (peak counters kept: a peak is shown only when the cell set a new high)")
+        lines.append("  " + tr("(peak counters kept: a peak is shown only when the cell set a new high)"))
     return "\n".join(lines)
 
 
@@ -204,32 +224,32 @@ def _had_children(h: HostDelta) -> bool:
 def record_line(r: CellRecord) -> str:
     """A per-cell record in one compact line, as ``%vram auto on`` prints it."""
     h = r.host
-    parts = [f"[vramlab] cell {r.execution_count if r.execution_count is not None else '-'}",
+    parts = [tr("[vramlab] cell {n}", n=r.execution_count if r.execution_count is not None else "-"),
              f"{r.wall_s:.3f} s"]
     host = f"RSS {format_bytes(h.rss_delta, signed=True)}"
     if h.peak_delta is not None:
-        host += f" (peak +{format_bytes(max(h.peak_delta, 0))})"
+        host += " (" + tr("peak +{size}", size=format_bytes(max(h.peak_delta, 0))) + ")"
     if h.uss_delta is not None:
         host += f", USS {format_bytes(h.uss_delta, signed=True)}"
     parts.append(host)
     if _had_children(h):
-        kids = f"children {format_bytes(h.children_rss_delta, signed=True)} RSS"
+        kids = tr("children {size} RSS", size=format_bytes(h.children_rss_delta, signed=True))
         if h.children_uss_delta is not None:
             kids += f", USS {format_bytes(h.children_uss_delta, signed=True)}"
-        parts.append(kids + f" ({h.children_count_end} now)")
+        parts.append(kids + " (" + tr("{n} now", n=h.children_count_end) + ")")
     for d in r.devices:
         if d.allocated_delta is None and d.nvml_delta is None:
             continue
-        s = f"{d.id} alloc {format_bytes(d.allocated_delta, signed=True)}"
+        s = f"{d.id} " + tr("alloc") + f" {format_bytes(d.allocated_delta, signed=True)}"
         if d.peak_allocated_delta is not None:
-            s += f" (peak +{format_bytes(max(d.peak_allocated_delta, 0))})"
+            s += " (" + tr("peak +{size}", size=format_bytes(max(d.peak_allocated_delta, 0))) + ")"
         if d.reserved_delta:
-            s += f" reserved {format_bytes(d.reserved_delta, signed=True)}"
+            s += " " + tr("reserved") + f" {format_bytes(d.reserved_delta, signed=True)}"
         if d.nvml_delta:
             s += f" nvml {format_bytes(d.nvml_delta, signed=True)}"
         parts.append(s)
     if r.error:
-        parts.append(f"raised {r.error}")
+        parts.append(tr("raised {error}", error=r.error))
     return " · ".join(parts)
 
 
@@ -238,23 +258,24 @@ def history_text(h: History, last: int = 20) -> str:
     fb = format_bytes
     cells = h.cells[-last:]
     if not cells:
-        return "no cell records yet: use %%vram on a cell, or %vram auto on"
+        return tr("no cell records yet: use %%vram on a cell, or %vram auto on")
     ids: list[str] = []
     for r in cells:
         ids.extend(d.id for d in r.devices if d.allocated_delta is not None and d.id not in ids)
-    head = f"{'cell':>5} {'wall s':>8} {'RSS delta':>12} {'RSS peak':>12}"
+    na = tr("n/a")
+    head = f"{tr('cell'):>5} {tr('wall s'):>8} {tr('RSS delta'):>12} {tr('RSS peak'):>12}"
     for i in ids:
-        head += f" {i + ' alloc':>16} {i + ' peak':>16}"
+        head += f" {i + ' ' + tr('alloc'):>16} {i + ' ' + tr('peak'):>16}"
     lines = [head]
     for r in cells:
         line = (f"{r.execution_count if r.execution_count is not None else '-':>5} {r.wall_s:>8.3f} "
                 f"{fb(r.host.rss_delta, signed=True):>12} "
-                f"{('+' + fb(max(r.host.peak_delta, 0))) if r.host.peak_delta is not None else 'n/a':>12}")
+                f"{('+' + fb(max(r.host.peak_delta, 0))) if r.host.peak_delta is not None else na:>12}")
         devs = {d.id: d for d in r.devices}
         for i in ids:
             d = devs.get(i)
-            a = fb(d.allocated_delta, signed=True) if d and d.allocated_delta is not None else "n/a"
-            pk = ("+" + fb(max(d.peak_allocated_delta, 0))) if d and d.peak_allocated_delta is not None else "n/a"
+            a = fb(d.allocated_delta, signed=True) if d and d.allocated_delta is not None else na
+            pk = ("+" + fb(max(d.peak_allocated_delta, 0))) if d and d.peak_allocated_delta is not None else na
             line += f" {a:>16} {pk:>16}"
         if r.error:
             line += f"  {r.error}"
@@ -292,9 +313,10 @@ def oom_text(e: OOMExplanation) -> str:
 
 def freed_text(f: FreedReport) -> str:
     """What ``%vram free`` returned: one line per layer."""
-    lines = [f"[vramlab] freed: host RSS {format_bytes(f.host)}"]
+    lines = [tr("[vramlab] freed: host RSS {size}", size=format_bytes(f.host))]
     for d in f.devices:
-        lines.append(f"  {d.id}: allocated {format_bytes(d.allocated)}, reserved {format_bytes(d.reserved)}")
+        lines.append(f"  {d.id}: " + tr("allocated {allocated}, reserved {reserved}", allocated=format_bytes(d.allocated),
+                                        reserved=format_bytes(d.reserved)))
     if f.cleared:
-        lines.append("  dropped: " + ", ".join(f.cleared))
+        lines.append("  " + tr("dropped: {what}", what=", ".join(f.cleared)))
     return "\n".join(lines)

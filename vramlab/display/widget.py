@@ -34,10 +34,9 @@ from typing import Any, Deque, Iterable, Optional
 
 import ipywidgets as widgets
 
-from ..model import DEVICE_LAYERS, HOST_LAYERS
 from ..units import format_bytes
 from .html import COLOURS, html_bar
-from .text import snapshot_text, unreadable_text
+from .text import device_labels, host_labels, snapshot_text, unreadable_text
 
 __all__ = ["Monitor", "SampleWindow", "bars_html", "sparkline_svg", "MAX_UPDATES_PER_S", "WINDOW_S", "SPARK_POINTS"]
 
@@ -47,8 +46,6 @@ SPARK_POINTS = 120  # at most this many points per line of the sparkline (each t
 MIN_SPAN_S = 30.0  # the sparkline's shortest time axis, while there is less history than WINDOW_S
 _Y_TOPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the sparkline's y axis ends at the first that fits
 _WARN = 0.90
-_DEV_LABELS = DEVICE_LAYERS
-_HOST_LABELS = HOST_LAYERS
 
 
 def _swatch(colour: str) -> str:
@@ -107,7 +104,7 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
         sub = _html.escape(d.name or "") + "<br>" + _nowrap(f"{format_bytes(d.total - d.layer('free'))} / "
                                                            f"{format_bytes(d.total)}")
         sub += " ⚠" if warn else ""
-        rows.append(_row(d.id, sub, html_bar(d.layers, _DEV_LABELS, width_px=300), _legend(d.layers, _DEV_LABELS), warn))
+        rows.append(_row(d.id, sub, html_bar(d.layers, device_labels(), width_px=300), _legend(d.layers, device_labels()), warn))
     h = snap.host
     used = 1.0 - h.layer("available") / h.limit if h.limit else 0.0
     warn = used >= _WARN
@@ -116,8 +113,8 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
     if h.children_count:
         n = h.children_count
         sub += f"<br>{n} child process{'' if n == 1 else 'es'}"
-    rows.append(_row("host RAM", sub + (" ⚠" if warn else ""), html_bar(h.layers, _HOST_LABELS, width_px=300),
-                     _legend(h.layers, _HOST_LABELS), warn))
+    rows.append(_row("host RAM", sub + (" ⚠" if warn else ""), html_bar(h.layers, host_labels(), width_px=300),
+                     _legend(h.layers, host_labels()), warn))
     if h.swap_total:
         sw_layers = (("process", h.swap_used or 0), ("available", h.swap_total - (h.swap_used or 0)))
         rate = ""
