@@ -65,6 +65,11 @@ _SOLUTION_WORDS = {
 }
 
 
+def _stream_text(cell: nbformat.NotebookNode) -> str:
+    """What an executed code cell printed (its stdout and stderr streams, in order)."""
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
+
+
 def is_solution(cell: nbformat.NotebookNode) -> bool:
     return cell.cell_type == "code" and SOLUTION_TAG in cell.get("metadata", {}).get("tags", [])
 
@@ -86,7 +91,7 @@ def fold_solutions(nb: nbformat.NotebookNode, lang: str = "en") -> nbformat.Note
             raise ValueError(f"a solution cell without a <details> block above it: {cell.source[:60]!r}")
         if any(o.output_type == "error" for o in cell.get("outputs", [])):
             raise ValueError(f"a solution cell raised: {cell.source[:60]!r}")
-        printed = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream").rstrip()
+        printed = _stream_text(cell).rstrip()
         block = f"{SOLUTION_OPEN}\n*{code_words}*\n\n```python\n{cell.source.rstrip()}\n```\n\n"
         if printed:
             block += f"*{printed_words}*\n\n```text\n{printed}\n```\n\n"
@@ -165,7 +170,7 @@ def fill_quotes(nb: nbformat.NotebookNode, lang: str = "en") -> nbformat.Noteboo
     values: list[str] | None = None
     for cell in nb.cells:
         if cell.cell_type == "code" and "vramlab-quote" in cell.get("metadata", {}).get("tags", []):
-            text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
+            text = _stream_text(cell)
             line = next((ln for ln in text.splitlines() if ln.startswith(_QUOTE_MARK)), None)
             if line is None:
                 errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
