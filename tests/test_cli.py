@@ -6,14 +6,31 @@ import sys
 import time
 
 
-def cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=60, **kw)
+def cli(*args, lang="en", **kw):
+    """``python -m vramlab ARGS`` in a child whose language is set, not inherited."""
+    env = kw.pop("env", None) or dict(os.environ)
+    env["VRAMLAB_LANG"] = lang
+    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=60,
+                          env=env, **kw)
 
 
 def test_prints_text_table():
     r = cli()
     assert r.returncode == 0
     assert "host" in r.stdout and "this process" in r.stdout and "iB" in r.stdout
+
+
+def test_the_human_text_speaks_vramlab_lang_and_the_json_stays_english():
+    table = cli(lang="pt-BR")
+    assert table.returncode == 0
+    assert "este processo" in table.stdout and "this process" not in table.stdout
+    helped = cli("--help", lang="pt-BR")
+    assert "imprime a leitura em JSON" in helped.stdout and "print the snapshot as JSON" not in helped.stdout
+    bad = cli("--watch", "x", lang="pt-BR")
+    assert bad.returncode == 2 and "não é um número de segundos" in bad.stderr and "Traceback" not in bad.stderr
+    pt, en = json.loads(cli("--json", lang="pt-BR").stdout), json.loads(cli("--json").stdout)
+    assert pt.keys() == en.keys() and pt["host"].keys() == en["host"].keys()  # what programs read stays English
+    assert "process_rss" in pt["host"]
 
 
 def test_json():

@@ -45,9 +45,35 @@ def test_code_cells_are_the_english_editions(lang, name):
     en = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     tr = nbformat.read(ROOT / "notebooks" / lang / f"{name}.ipynb", as_version=4)
     assert [c.cell_type for c in tr.cells] == [c.cell_type for c in en.cells]  # cell for cell
-    assert [c.source for c in tr.cells if c.cell_type == "code"] == [c.source for c in en.cells if c.cell_type == "code"]
+    en_code = [c.source for c in en.cells if c.cell_type == "code"]
+    tr_code = [c.source for c in tr.cells if c.cell_type == "code"]
+    # the code is the English edition's; only its comments are translated
+    assert [i18n.strip_comments(c) for c in tr_code] == [i18n.strip_comments(c) for c in en_code]
+    comments = [u.text for c in tr_code for u in i18n.comment_units(c)]
+    en_comments = [u.text for c in en_code for u in i18n.comment_units(c)]
+    assert len(comments) == len(en_comments)
+    assert sum(a != b for a, b in zip(comments, en_comments)) >= len(comments) // 2, "comments left in English"
     prose = [(a.source, b.source) for a, b in zip(en.cells, tr.cells) if a.cell_type == "markdown"]
     assert all(a != b for a, b in prose), "a markdown cell was left in English"
+
+
+def test_a_code_cells_comments_are_translated_and_nothing_else():
+    source = ('x = 1  # a note after code\n'
+              '# a comment over\n# two lines\n'
+              'if x:\n    # indented\n    s = "# not a comment"  # after a string\n'
+              '# NBVAL_IGNORE_OUTPUT\n')
+    units = i18n.comment_units(source)
+    assert [u.text for u in units] == ["a note after code", "a comment over\ntwo lines", "indented", "after a string"]
+    done = i18n.translate_comments(source, {"a note after code": "uma nota", "a comment over\ntwo lines": "um comentário",
+                                            "indented": "recuado", "after a string": "depois de um texto"})
+    assert done == ('x = 1  # uma nota\n# um comentário\nif x:\n    # recuado\n'
+                    '    s = "# not a comment"  # depois de um texto\n# NBVAL_IGNORE_OUTPUT\n')
+    assert i18n.strip_comments(done) == i18n.strip_comments(source)
+
+
+def test_every_lesson_tr_call_passes_the_fields_its_message_names():
+    extract = load_tool("extract_runtime_strings")
+    assert extract.call_problems() == []
 
 
 def test_no_edition_has_a_notebook_without_a_source():

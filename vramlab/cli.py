@@ -18,6 +18,9 @@ and opens no port. ``--prometheus-label KEY=VALUE`` (repeatable) adds a label to
 series, e.g. the Slurm job's id. It needs prometheus_client (``pip install
 'vramlab[prometheus]'``); without it the CLI prints one line saying so and exits with 2.
 A file that cannot be written is one line on stderr and exit status 1.
+
+The text table, the help and the messages speak ``VRAMLAB_LANG`` (:mod:`vramlab.i18n`); the JSON
+and the Prometheus output, which programs read, stay English.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Iterator, Optional, Sequence
 from ._extras import MissingExtra, require_prometheus_client
 from ._version import __version__
 from .display.text import snapshot_text
+from .i18n import tr
 from .exposition import check_labels, exposition_text, write_textfile
 from .reconcile import snapshot
 
@@ -43,26 +47,26 @@ def _positive_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        raise argparse.ArgumentTypeError(tr("not a number of seconds: {text!r}", text=text)) from None
     if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"the interval must be a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(tr("the interval must be a positive number of seconds, got {text!r}", text=text))
     return v
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(prog="python -m vramlab",
-                                description="GPU memory (NVML and the torch allocator), host RAM and swap, reconciled.")
+                                description=tr("GPU memory (NVML and the torch allocator), host RAM and swap, reconciled."))
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    fmt.add_argument("--json", action="store_true", help=tr("print the snapshot as JSON"))
     fmt.add_argument("--prometheus", nargs="?", const="-", metavar="FILE",
-                     help="write Prometheus' text format (node_exporter's textfile collector) atomically to FILE, "
-                          "or to stdout without FILE; needs pip install 'vramlab[prometheus]'")
-    p.add_argument("--watch", type=_positive_float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C or SIGTERM")
+                     help=tr("write Prometheus' text format (node_exporter's textfile collector) atomically to FILE, "
+                             "or to stdout without FILE; needs pip install 'vramlab[prometheus]'"))
+    p.add_argument("--watch", type=_positive_float, metavar="SECONDS", help=tr("refresh every SECONDS until Ctrl-C or SIGTERM"))
     p.add_argument("--prometheus-label", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --prometheus: add this label to every series (repeatable)")
-    p.add_argument("--uss", action="store_true", help="also read this process's USS (slower)")
-    p.add_argument("--version", action="store_true", help="print the version and exit")
+                   help=tr("with --prometheus: add this label to every series (repeatable)"))
+    p.add_argument("--uss", action="store_true", help=tr("also read this process's USS (slower)"))
+    p.add_argument("--version", action="store_true", help=tr("print the version and exit"))
     return p
 
 
@@ -125,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     labels: dict[str, str] = {}
     if args.prometheus_label and args.prometheus is None:
-        parser.error("argument --prometheus-label: only with --prometheus")
+        parser.error(tr("argument --prometheus-label: only with --prometheus"))
     if args.prometheus is not None:
         labels = _parse_labels(parser, args.prometheus_label)
         try:
@@ -135,14 +139,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     render = _Output(args, labels)
     if render.path is not None and not render.path.endswith(".prom"):
-        print(f"{parser.prog}: note: node_exporter's textfile collector reads only files named *.prom", file=sys.stderr)
+        print(f"{parser.prog}: " + tr("note: node_exporter's textfile collector reads only files named *.prom"), file=sys.stderr)
     try:
         return _run(render, args)
     except OSError as e:
         if isinstance(e, BrokenPipeError):
             return 0
-        target = repr(render.path) if render.path is not None else "to stdout"
-        print(f"{parser.prog}: cannot write {target}: {e.strerror or e}", file=sys.stderr)
+        target = repr(render.path) if render.path is not None else tr("to stdout")
+        print(f"{parser.prog}: " + tr("cannot write {target}: {why}", target=target, why=e.strerror or e), file=sys.stderr)
         return 1
 
 

@@ -66,6 +66,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, TextIO
 
 from ._extras import require_torch
+from .i18n import tr
 from .probes.host import reset_peak_rss
 from .probes.torch_alloc import reset_peaks as _reset_torch_peaks
 from .reconcile import reset_provider_peaks, snapshot
@@ -134,6 +135,13 @@ _COLUMNS: tuple[tuple[str, str, bool], ...] = (
 _RIGHT = {"rank", "local_rank", "pid", "peak", "allocated", "reserved", "host_rss", "host_peak"}
 
 
+def _header(name: str) -> str:
+    """A column's header (:data:`_COLUMNS`) in the current language."""
+    words = {"rank": tr("rank"), "local_rank": tr("local"), "hostname": tr("host"), "device": tr("device"),
+             "peak": tr("peak"), "allocated": tr("allocated"), "reserved": tr("reserved"), "host_peak": tr("peak RSS")}
+    return words.get(name) or next(h for f, h, _ in _COLUMNS if f == name)  # pid, uuid, RSS: the same in every language
+
+
 @dataclass(frozen=True)
 class DistributedReport:
     """Every rank's :class:`RankReport`, in group-rank order.
@@ -157,25 +165,30 @@ class DistributedReport:
         return max(known, key=lambda r: (r.peak, -r.rank)) if known else None
 
     def _cells(self) -> tuple[list[tuple[str, str, bool]], list[list[str]]]:
-        cols = [c for c in _COLUMNS if c[0] != "uuid" or any(r.uuid for r in self.ranks)]
+        cols = [(name, _header(name), is_size) for name, _, is_size in _COLUMNS
+                if name != "uuid" or any(r.uuid for r in self.ranks)]
+        na = tr("n/a")
         rows = []
         for r in self.ranks:
             row = []
             for name, _, is_size in cols:
                 v = getattr(r, name)
-                row.append(format_bytes(v) if is_size else ("n/a" if v is None else str(v)))
+                row.append(na if v is None else format_bytes(v) if is_size else str(v))
             rows.append(row)
         return cols, rows
 
     def _title(self) -> str:
         n = self.world_size
-        return f"vramlab.distributed.report: {n} rank{'s' if n != 1 else ''} (backend {self.backend})"
+        if n == 1:
+            return tr("vramlab.distributed.report: {n} rank (backend {backend})", n=n, backend=self.backend)
+        return tr("vramlab.distributed.report: {n} ranks (backend {backend})", n=n, backend=self.backend)
 
     def _footer(self) -> str:
         top = self.max_peak()
         if top is None:
-            return "no rank knows a device peak (CPU-only ranks)"
-        return f"highest device peak: rank {top.rank} ({top.device}), {format_bytes(top.peak)}"
+            return tr("no rank knows a device peak (CPU-only ranks)")
+        return tr("highest device peak: rank {rank} ({device}), {peak}", rank=top.rank, device=top.device,
+                  peak=format_bytes(top.peak))
 
     def text(self) -> str:
         """A fixed-width table, one line per rank; sizes in IEC units, ``n/a`` where unknown.

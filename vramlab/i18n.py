@@ -1,11 +1,12 @@
 """The language of what vramlab prints for a learner: English, or Brazilian Portuguese.
 
-The instrument (``%vram``, the monitor, reports) speaks English. A few messages a learner must
-understand are translated: the lesson device's description (no GPU here, what the virtual GPU
-models), the prediction echo of the lessons, the notes for no GPU, no NVML and no torch, and the
-out-of-memory advice. Their catalog is gettext's
-(``vramlab/locale/pt_BR/LC_MESSAGES/vramlab.po``, compiled to the ``.mo`` beside it with polib
-by ``python tools/i18n.py compile``), read with the standard library's :mod:`gettext`.
+Everything vramlab prints or draws for a person goes through :func:`tr`: the ``%vram`` tables and
+the monitor, the per-cell records, the out-of-memory advice, the lessons' helpers, and the
+lessons' own printed lines and plot labels (their code cells call ``tr`` too). What a program
+reads (``python -m vramlab --json``, ``--prometheus``) stays English. The catalog is gettext's
+(``vramlab/locale/pt_BR/LC_MESSAGES/vramlab.po``, filled by ``tools/extract_runtime_strings.py``
+and compiled to the ``.mo`` beside it with polib by ``python tools/i18n.py compile``), read with
+the standard library's :mod:`gettext`.
 
 :func:`lang` decides, in this order:
 
@@ -28,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["LANGS", "lang", "set_lang", "tr", "tr_note"]
+__all__ = ["LANGS", "N_", "lang", "set_lang", "tr", "tr_all", "tr_note"]
 
 #: The languages vramlab speaks: English and Brazilian Portuguese.
 LANGS = ("en", "pt-BR")
@@ -99,6 +100,17 @@ def tr(message: str, **fields: object) -> str:
     code = lang()
     text = message if code == "en" else _catalog(code).gettext(message)
     return text.format(**fields) if fields else text
+
+
+def N_(message: str) -> str:
+    """``message`` unchanged, marked for the catalog (gettext's ``gettext_noop``): for an English
+    key that is translated later, or compared in every language (:func:`tr_all`)."""
+    return message
+
+
+def tr_all(message: str) -> dict[str, str]:
+    """``message`` in every language vramlab speaks: ``{"en": ..., "pt-BR": ...}``."""
+    return {code: message if code == "en" else _catalog(code).gettext(message) for code in LANGS}
 
 
 #: Notes that carry a detail after a fixed prefix: the prefix and the detail are looked up apart.

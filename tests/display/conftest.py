@@ -57,3 +57,12 @@ def children_record():
                   children_rss_end=64 * MiB, children_rss_delta=64 * MiB, children_uss_start=0,
                   children_uss_end=16 * MiB, children_uss_delta=16 * MiB)
     return CellRecord(execution_count=4, started=0.0, wall_s=0.5, error=None, host=h)
+
+
+@pytest.fixture
+def speak():
+    """``speak("pt-BR")`` or ``speak("en")``: the language the displays use; detection comes back after the test."""
+    from vramlab.i18n import set_lang
+
+    yield set_lang
+    set_lang(None)

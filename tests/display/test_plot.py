@@ -71,3 +71,20 @@ def test_plot_shows_a_png_in_a_fresh_kernel_and_the_saved_notebook_keeps_it(tmp_
         assert "image/png" in out.data, list(out.data)
         assert base64.b64decode(out.data["image/png"]).startswith(b"\x89PNG")
         assert not any(o.output_type == "error" for o in cell.outputs)
+
+
+def test_the_timeline_is_labelled_in_the_notebooks_language(recorded_history, speak):
+    def labels(fig):
+        out = []
+        for ax in fig.axes:
+            out += [ax.get_ylabel(), ax.get_xlabel()] + [t.get_text() for t in ax.get_legend().get_texts()]
+        return [x for x in out if x]
+
+    speak("en")
+    en = labels(plot_history(recorded_history))
+    speak("pt-BR")
+    pt = labels(plot_history(recorded_history))
+    for english, portuguese in [("host GiB", "GiB no host"), ("this process (RSS)", "este processo (RSS)"),
+                                ("limit", "limite"), ("seconds", "segundos")]:
+        assert english in en and portuguese in pt, (english, portuguese)
+        assert english not in pt

@@ -304,3 +304,80 @@ def test_a_gpu_nvml_cannot_read_keeps_its_row_with_the_reason(nvml_sim, which):
             assert "<b>cuda:0</b>" in m._bars.value and "<b>cuda:2</b>" in m._bars.value
     finally:
         m.close()
+
+
+def test_the_monitor_speaks_english_or_portuguese(children_snapshot, speak):
+    """The status line, the bars, the timeline, the static copy and the text/plain of a stopped monitor."""
+    from vramlab.display.widget import Monitor
+    from vramlab.runtime.sampler import Marker
+
+    import dataclasses
+
+    host = dataclasses.replace(children_snapshot.host, swap_total=2 * 2**30, swap_used=2**30, swap_in=0, swap_out=0)
+    snaps = iter([dataclasses.replace(children_snapshot, host=host, time=children_snapshot.time + i) for i in range(2)])
+    s = Sampler(read=lambda: next(snaps))
+    s.sample_now()
+    s.sample_now()  # two readings a second apart: a paging rate
+    s.markers.append(Marker(s.latest.time, "oom", "OOM in [4]"))
+    m = Monitor(s)
+    try:
+        def render():
+            s.stopped_reason = "extension unloaded"
+            return {"live": m.static_html(), "stopped": m.static_html(stopped=True),
+                    "status": m._status_html(), "plain": m._repr_mimebundle_()["text/plain"],
+                    "frozen": m._frozen_bundle()["text/plain"]}
+
+        speak("en")
+        en = render()
+        speak("pt-BR")
+        pt = render()
+    finally:
+        m.close()
+    assert en["plain"] == "<vramlab monitor>" and pt["plain"] == "<monitor do vramlab>"
+    assert en["frozen"].startswith("<vramlab monitor: stopped>\nvramlab snapshot")
+    assert pt["frozen"].startswith("<monitor do vramlab: parado>\nvramlab, leitura de")
+    assert "· stopped</span>" in en["status"] and "· parado</span>" in pt["status"]
+    pairs = [("static copy of the live monitor, reading of", "cópia estática do monitor ao vivo, leitura de"),
+             ("host RAM", "RAM do host"), ("this process", "este processo"), ("2 child processes", "2 processos filhos"),
+             ("child processes <b>16.00 MiB</b>", "processos filhos <b>16.00 MiB</b>"),
+             ("paging in 0 B/s · out 0 B/s", "paginação: 0 B/s para dentro · 0 B/s para fora"),
+             ("OOM in [4]", "OOM na célula [4]"), ("host used", "host em uso"), ("cuda:0 used", "cuda:0 em uso"),
+             ("of capacity", "da capacidade")]
+    for english, portuguese in pairs:
+        assert english in en["live"] and portuguese in pt["live"], (english, portuguese)
+        assert english not in pt["live"] and english not in pt["stopped"], english
+    stopped = [("stopped (extension unloaded) · last reading", "parado (extensão descarregada) · última leitura de")]
+    for english, portuguese in stopped:
+        assert english in en["stopped"] and portuguese in pt["stopped"], (english, portuguese)
+        assert english not in pt["stopped"]
+
+
+def test_the_monitor_says_swap_is_missing_and_the_sampling_error_in_portuguese(speak):
+    import dataclasses
+    import types
+
+    import vramlab
+    from vramlab.display.widget import Monitor, bars_html
+
+    snap = vramlab.snapshot()
+    snap = dataclasses.replace(snap, host=dataclasses.replace(snap.host, swap_total=0, swap_used=0))
+    speak("en")
+    assert "none configured" in bars_html(snap)
+    speak("pt-BR")
+    assert "nenhum configurado" in bars_html(snap) and "none configured" not in bars_html(snap)
+    # a sampler that is running, with an error from its last reading
+    s = types.SimpleNamespace(latest=snap, samples=[], markers=[], running=True, interval=0.5, stopped_reason=None,
+                              last_error="OSError: cgroup vanished", add_listener=lambda f: None,
+                              remove_listener=lambda f: None)
+    m = Monitor(s)
+    try:
+        status = m._status_html()
+        assert "amostrando a cada 0.5 s" in status and "erro de amostragem: OSError: cgroup vanished" in status
+        assert "sampling" not in status
+        s.stopped_reason = "stopped after 3 failed readings: OSError: cgroup vanished"
+        status = m._status_html(stopped=True)
+        assert "parado (parado após 3 leituras com falha: OSError: cgroup vanished)" in status
+        speak("en")
+        assert "stopped (stopped after 3 failed readings: OSError: cgroup vanished)" in m._status_html(stopped=True)
+    finally:
+        m.close()

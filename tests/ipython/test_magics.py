@@ -480,3 +480,72 @@ def test_uss_prints_this_processs_uss_in_the_record(ip):
         ip.run_cell_magic("vram", "", "x = 1")
     assert vramlab.last().host.uss_delta is None  # without --uss nothing is read
     ip.user_ns.pop("kept_uss", None)
+
+
+@pytest.fixture
+def speak():
+    """``speak("pt-BR")`` or ``speak("en")``; the language is detected again after the test."""
+    from vramlab.i18n import set_lang
+
+    yield set_lang
+    set_lang(None)
+
+
+def test_the_usage_summary_is_the_modules_docs():
+    import inspect
+
+    from vramlab.i18n import set_lang
+    from vramlab.ipython import magics
+
+    doc = inspect.cleandoc(magics.__doc__)
+    summary = doc[doc.find("Usage::"):].split("Per-cell records reset")[0].rstrip().replace("Usage::", "Usage:")
+    set_lang("en")
+    try:
+        assert magics._usage_summary() == summary
+    finally:
+        set_lang(None)
+
+
+def test_the_magic_speaks_portuguese(ip, speak):
+    ip.run_line_magic("load_ext", "vramlab")
+    speak("pt-BR")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "--help")
+    manual = cap.stdout
+    for portuguese in ("Uso:", "a leitura conciliada", "argumentos posicionais:", "opções:",
+                       "show, %%vram e auto: lê também o USS", "o mesmo, sem zerar os contadores de pico globais"):
+        assert portuguese in manual, portuguese
+    for english in ("Usage:", "positional arguments", "options:", "the reconciled snapshot", "(default"):
+        assert english not in manual, english
+    assert "%vram watch" in manual and "--keep-peaks" in manual and "SUBCOMMAND" in manual  # commands stay
+    with pytest.raises(UsageError) as e:
+        ip.run_line_magic("vram", "--uss history")
+    assert "--uss vai com %vram show e %vram auto e %%vram, não com %vram history" in str(e.value)
+    assert "uso: %vram [--json]" in str(e.value)
+    with pytest.raises(UsageError, match="subcomando desconhecido 'bogus'"):
+        ip.run_line_magic("vram", "bogus")
+    with pytest.raises(UsageError, match="aceita um número de segundos; veio 'fast'"):
+        ip.run_line_magic("vram", "watch --interval fast")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "auto --keep-peaks on")
+        ip.run_line_magic("vram", "auto off")
+        ip.run_line_magic("vram", "stop")
+    assert cap.stdout.splitlines() == ["[vramlab] registros por célula ligados (contadores de pico mantidos)",
+                                       "[vramlab] registros por célula desligados", "[vramlab] amostrador parado"]
+    speak("en")
+    with capture_output() as cap:
+        ip.run_line_magic("vram", "stop")
+    assert cap.stdout == "[vramlab] sampler stopped\n"
+
+
+def test_watch_shows_the_monitors_name_in_the_notebooks_language(ip, speak):
+    ip.run_line_magic("load_ext", "vramlab")
+    speak("pt-BR")
+    try:
+        with capture_output() as cap:
+            ip.run_line_magic("vram", "watch")
+    finally:
+        with capture_output():
+            ip.run_line_magic("vram", "stop")
+    assert cap.outputs[0].data["text/plain"] == "<monitor do vramlab>"
+    assert "o monitor ao vivo é um widget do Jupyter" in cap.stdout and "python -m vramlab --watch 1" in cap.stdout

@@ -88,3 +88,60 @@ def test_plot_draws():
     dev, model, n, make_batch = setup()
     ax = trace_step(dev, model, make_batch, torch.optim.Adam(model.parameters()), steps=1).plot()
     assert ax.get_ylabel() == "MiB on the device"
+
+
+@pytest.fixture
+def lang_back():
+    """Whatever a test sets with ``set_lang``, detection is back afterwards."""
+    from vramlab.i18n import set_lang
+
+    try:
+        yield set_lang
+    finally:
+        set_lang(None)
+
+
+def test_text_speaks_the_notebooks_language_and_stays_aligned(lang_back):
+    dev, model, n, make_batch = setup()
+    an = trace_step(dev, model, make_batch, torch.optim.Adam(model.parameters()), steps=1)
+    lang_back("en")
+    en = an.text().splitlines()
+    assert en[0] == f"training-step anatomy on {an.device}: {n:,} parameters ({n:,} trainable)"
+    assert en[1] == ("  step  phase                parameters       gradients optimizer_state     activations"
+                     "   allocated        peak")
+    assert [line[8:23].rstrip() for line in en[2:]] == ["model", "forward", "backward", "optimizer step", "zero_grad"]
+    lang_back("pt-BR")  # needs the catalog with vramlab/lessons' strings
+    pt = an.text().splitlines()
+    assert pt[0].startswith("anatomia do passo de treinamento em ") and "parâmetros" in pt[0]
+    for word in ("passo", "fase", "parâmetros", "gradientes", "est. otimizador", "ativações", "alocada", "pico"):
+        assert word in pt[1]
+    assert "allocated" not in pt[1] and "phase" not in pt[1]
+    assert "passo do otimizador" in pt[5] and "optimizer step" not in "\n".join(pt)
+    assert len({len(line) for line in pt[1:]}) == 1  # the columns widen together: still aligned
+    assert an.phase("optimizer step").name == "optimizer step"  # the data stays English
+
+
+def test_plot_speaks_the_notebooks_language(lang_back):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dev, model, n, make_batch = setup()
+    an = trace_step(dev, model, make_batch, torch.optim.Adam(model.parameters()), steps=1)
+    lang_back("en")
+    ax = an.plot()
+    assert ax.get_legend_handles_labels()[1] == ["peak during the phase", "parameters", "gradients",
+                                                 "optimizer state", "activations"]
+    assert [t.get_text() for t in ax.get_xticklabels()][:4] == ["model", "1: forward", "1: backward",
+                                                                "1: optimizer step"]
+    plt.close(ax.figure)
+    lang_back("pt-BR")  # needs the catalog with vramlab/lessons' strings
+    ax = an.plot()
+    assert ax.get_ylabel() == "MiB no dispositivo"
+    assert ax.get_legend_handles_labels()[1] == ["pico durante a fase", "parâmetros", "gradientes",
+                                                 "estado do otimizador", "ativações"]
+    assert [t.get_text() for t in ax.get_xticklabels()][:4] == ["modelo", "1: forward", "1: backward",
+                                                                "1: passo do otimizador"]
+    plt.close(ax.figure)

@@ -8,6 +8,7 @@ import mmap
 import numpy as np
 import pytest
 
+from vramlab.i18n import set_lang
 from vramlab.lessons.ramplan import (
     TIERS_GB, WORKER_OVERHEAD, RamPlan, iter_npy_batches, peak_rss_during, ram_needs, release_free_heap, tier_for,
 )
@@ -94,3 +95,67 @@ def test_release_free_heap_returns_a_bool():
     del junk
     gc.collect()
     assert release_free_heap() in (True, False)
+
+
+@pytest.fixture
+def lang_back():
+    """Whatever a test sets with ``set_lang``, detection is back afterwards."""
+    try:
+        yield set_lang
+    finally:
+        set_lang(None)
+
+
+def _plans():
+    whole = ram_needs(dataset_bytes=10 * GiB, batch_bytes=100 * MiB, model_parameters=25_000_000,
+                      baseline=500 * MiB, limit=None)
+    stream = ram_needs(dataset_bytes=10 * GiB, load="stream", batch_bytes=100 * MiB, workers=4,
+                       pin_memory=True, baseline=500 * MiB, limit=2 * GiB)
+    huge = ram_needs(dataset_bytes=100 * GiB, batch_bytes=1, baseline=1, limit=200 * GiB)
+    return whole, stream, huge
+
+
+def test_plan_text_in_english_is_unchanged(lang_back):
+    lang_back("en")
+    whole, stream, huge = _plans()
+    assert whole.text() == (
+        "  interpreter and libraries     500.00 MiB  given\n"
+        "  dataset in memory              10.00 GiB  loaded whole\n"
+        "  batches in flight             200.00 MiB  2 x 100.00 MiB\n"
+        "  pinned staging copies                0 B  pin_memory off\n"
+        "  model copies on the host       95.37 MiB  1 x 25,000,000 params x 4 B\n"
+        "  data-loader workers                  0 B  none\n"
+        "  total                          10.78 GiB\n"
+        "  needs: the 16 GB tier (keeping 25% of RAM for the OS and others)")
+    assert stream.text().splitlines()[1:] == [
+        "  dataset in memory                    0 B  streamed: only batches are resident",
+        "  batches in flight             900.00 MiB  9 x 100.00 MiB",
+        "  pinned staging copies         200.00 MiB  2 batches",
+        "  model copies on the host             0 B  1 x 0 params x 4 B",
+        "  data-loader workers           800.00 MiB  4 x 200.00 MiB (assumed)",
+        "  total                           2.34 GiB",
+        "  needs: the 16 GB tier (keeping 25% of RAM for the OS and others)",
+        "  here: limit 2.00 GiB: does NOT fit"]
+    assert huge.text().splitlines()[-2:] == ["  needs: more than 64 GB", "  here: limit 200.00 GiB: fits"]
+    notes = RamPlan(items=(), total=0, reserve=0.25, tier_gb=16, limit=None, notes=("a",))
+    assert notes.text().splitlines()[-1] == "  note: a"
+
+
+def test_plan_text_speaks_portuguese(lang_back):
+    lang_back("pt-BR")  # needs the catalog with vramlab/lessons' strings
+    whole, stream, huge = _plans()
+    assert whole.item("dataset in memory") == 10 * GiB  # the lines keep their English names
+    text = whole.text() + "\n" + stream.text() + "\n" + huge.text()
+    for words in ("interpretador e bibliotecas", "conjunto de dados na RAM", "batches em trânsito",
+                  "cópias em memória fixada", "cópias do modelo no host", "workers do carregador", "informado",
+                  "carregado inteiro", "lido em streaming", "pin_memory desligado", "25,000,000 parâmetros",
+                  "(valor suposto)", "nenhum", "precisa da faixa de 16 GB (deixando 25% da RAM",
+                  "precisa de mais de 64 GB", "aqui: limite de 2.00 GiB: NÃO cabe", "aqui: limite de 200.00 GiB: cabe"):
+        assert words in text, words
+    for english in ("interpreter", "dataset in memory", "in flight", "loaded whole", "needs:", "here:", "fits",
+                    "assumed", "params"):
+        assert english not in text, english
+    rows = whole.text().splitlines()[:7]
+    assert all(line[:42].endswith("B") and line[42:44] in ("  ", "") for line in rows)  # the sizes stay aligned
+    notes = RamPlan(items=(), total=0, reserve=0.25, tier_gb=16, limit=None, notes=("a",))
+    assert notes.text().splitlines()[-1] == "  nota: a"

@@ -136,3 +136,32 @@ def test_bucketing_wastes_less_padding():
     assert r.real == b.real == sum(lengths)
     assert b.wasted < 0.5 * r.wasted
     assert sorted(i for batch in bucketed_batches(lengths, 32) for i in batch) == list(range(5000))
+
+
+@pytest.fixture
+def lang_back():
+    """Whatever a test sets with ``set_lang``, detection is back afterwards."""
+    from vramlab.i18n import set_lang
+
+    try:
+        yield set_lang
+    finally:
+        set_lang(None)
+
+
+def test_the_copy_says_what_it_measured_in_the_notebooks_language(lang_back, monkeypatch):
+    from types import SimpleNamespace
+
+    dev = vramlab.pick_device(virtual="64MiB", force_virtual=True)
+    # the CUDA path's words, on the CPU: a "CUDA" device that is the CPU, whose synchronise does nothing
+    cuda_like = SimpleNamespace(is_cuda=True, device=torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    lang_back("en")
+    assert measure_copy(dev, 2**20, repeats=1).kind == "host→host (no CUDA device)"
+    assert measure_copy(cuda_like, 2**20, repeats=1).kind == "host→cpu (pageable)"
+    assert measure_copy(cuda_like, 2**20, repeats=1, non_blocking=True).kind == "host→cpu (pageable, non_blocking)"
+    lang_back("pt-BR")  # needs the catalog with vramlab/lessons' strings
+    assert measure_copy(dev, 2**20, repeats=1).kind == "host→host (sem dispositivo CUDA)"
+    assert measure_copy(cuda_like, 2**20, repeats=1).kind == "host→cpu (memória paginável)"
+    assert (measure_copy(cuda_like, 2**20, repeats=1, non_blocking=True).kind
+            == "host→cpu (memória paginável, non_blocking)")

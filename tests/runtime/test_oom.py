@@ -314,3 +314,51 @@ def test_free_last_error_gives_an_active_virtual_gpus_cache_back():
     reserved = outside.reserved
     free_last_error()
     assert outside.reserved == reserved
+
+
+@pytest.fixture
+def speak():
+    """``speak("pt-BR")`` or ``speak("en")``; the language is detected again after the test."""
+    from vramlab.i18n import set_lang
+
+    yield set_lang
+    set_lang(None)
+
+
+def test_the_explanation_speaks_english_or_portuguese_in_text_and_html(speak):
+    from vramlab.display.html import oom_html
+
+    def explain() -> tuple[str, str]:  # the advice is written when the error is explained, in that language
+        ex = explain_oom(RuntimeError(CUDA_MSG), {"batch_size": 64}, history=[])
+        assert ex._repr_mimebundle_()["text/html"] == oom_html(ex)
+        return ex.text(), oom_html(ex)
+
+    speak("en")
+    en_text, en_html = explain()
+    speak("pt-BR")
+    pt_text, pt_html = explain()
+    pairs = [("[vramlab] out of memory", "[vramlab] falta de memória"), ("requested", "pedido"),
+             ("free on the device", "livre no dispositivo"), ("fragmentation is the cause", "a causa é a fragmentação"),
+             ("what to try, most effective first", "o que tentar, do mais eficaz para o menos"),
+             ("try 32: vramlab did not measure", "tente 32: o vramlab não mediu"), ("mixed precision", "precisão mista"),
+             ("then run %vram free", "depois rode %vram free")]
+    for english, portuguese in pairs:
+        for en, pt in ((en_text, pt_text), (en_html, pt_html)):
+            assert english in en and portuguese in pt, (english, portuguese)
+            assert english not in pt, english
+    # figures, units and identifiers are not translated
+    for kept in ("2.00 GiB", "expandable_segments:True", "torch.cuda.empty_cache()", "%vram free"):
+        assert kept in pt_text and kept in pt_html
+    assert pt_html.startswith('<pre class="vramlab-oom"')
+
+
+def test_what_free_dropped_is_named_in_the_notebooks_language(speak):
+    def fail():
+        raise KeyError("x")
+
+    for code, word in (("en", "frames of KeyError"), ("pt-BR", "frames de KeyError")):
+        speak(code)
+        try:
+            fail()
+        except KeyError as e:
+            assert drop_traceback(e) == [word]

@@ -198,3 +198,27 @@ def test_a_reused_virtual_card_gives_its_cache_back_between_trials_as_cuda_does(
     reused = find_max_batch_size(step, start=512, device=card)
     assert reused.max_batch_size == fresh.max_batch_size, (reused.max_batch_size, fresh.max_batch_size)
     assert card.reserved == 0  # nothing left cached after the search
+
+
+def test_the_table_speaks_english_or_portuguese():
+    from vramlab.i18n import set_lang
+    from vramlab.sim.batch_finder import BatchSearch, Trial
+
+    r = BatchSearch(8, (Trial(1, True, 100), Trial(16, False, None), Trial(8, True, 2**20)), "cpu", limit=8,
+                    capped=True, notes=("batch size 1 did not fit",))
+    try:
+        set_lang("en")
+        en, en_html = r.text(), r._repr_html_()
+        set_lang("pt-BR")
+        pt, pt_html = r.text(), r._repr_html_()
+    finally:
+        set_lang(None)
+    assert en.splitlines()[:2] == ["max batch size 8 (stopped at the limit) on cpu, 3 trials",
+                                   "    #    batch  fits          peak"]
+    assert pt.splitlines()[:2] == ["tamanho máximo do batch 8 (parou no limite) em cpu, 3 tentativas",
+                                   "    #    batch  cabe          pico"]
+    assert "  2       16  OOM            n/a" in en and "  2       16  OOM            n/d" in pt
+    assert " yes " in en and " sim " in pt and " yes " not in pt
+    assert "note:" in en and "nota:" in pt
+    assert "max batch size <b>8</b>" in en_html and "tamanho máximo do batch <b>8</b>" in pt_html
+    assert "<th>fits</th>" in en_html and "<th>cabe</th>" in pt_html and "trials" not in pt_html

@@ -179,3 +179,71 @@ def test_tied_weights_stay_tied():
     est = estimate(build, make_batch, batch_size=bs, loss_fn=loss_fn, step="inference")
     assert est.parameters == sum(p.numel() for p in unique.values())
     assert est.breakdown["parameters"] == sum(p.nbytes for p in unique.values())
+
+
+@pytest.fixture
+def speak():
+    """``speak("pt-BR")`` or ``speak("en")``; the language is detected again after the test."""
+    from vramlab.i18n import set_lang
+
+    yield set_lang
+    set_lang(None)
+
+
+def _made_up(**over) -> Estimate:
+    GiB = 2**30
+    fields = dict(peak=3 * GiB, breakdown={"parameters": GiB, "gradients": GiB // 2, "optimizer_state": GiB,
+                                           "activations": GiB // 4, "other": 5},
+                  fits=True, device="T4", capacity=16 * GiB, budget=15 * GiB, after=GiB, parameters=1234567,
+                  batch_size=8, step="train", steps=2, dtype="bf16", round_blocks=True,
+                  method="estimated (FakeTensorMode)", seconds=1.234, notes=("a note",))
+    fields.update(over)
+    return Estimate(**fields)
+
+
+def test_the_report_speaks_english_or_portuguese(speak):
+    fits = _made_up(model_states={"parameters": 10, "gradients": 20, "optimizer_state": 30}, checkpoint=3,
+                    peak_reserved=4 * 2**30)
+    short = _made_up(fits=False, peak=20 * 2**30, method="measured (VirtualGPU)", step="inference",
+                     strategy="zero1", world_size=4, rank=2)
+    speak("en")
+    en = fits.text() + "\n" + short.text()
+    en_html = fits._repr_html_() + short._repr_html_()
+    speak("pt-BR")
+    pt = fits.text() + "\n" + short.text()
+    pt_html = fits._repr_html_() + short._repr_html_()
+    assert en.splitlines()[:2] == [
+        "estimated (FakeTensorMode): train step, batch 8, 1,234,567 parameters, bf16",
+        "  fits on T4: reserved peak 4.00 GiB of 15.00 GiB usable (11.00 GiB to spare)"]
+    assert pt.splitlines()[:2] == [
+        "estimativa (FakeTensorMode): passo de treinamento, batch 8, 1,234,567 parâmetros, bf16",
+        "  cabe em T4: pico reservado 4.00 GiB de 15.00 GiB utilizáveis (sobram 11.00 GiB)"]
+    pairs = [("does NOT fit on T4", "NÃO cabe em T4"), ("(5.00 GiB short)", "(faltam 5.00 GiB)"),
+             ("measured (VirtualGPU): inference step", "medição (VirtualGPU): passo de inferência"),
+             ("zero1 on 4 ranks, rank 2 (batch per rank)", "zero1 em 4 ranks, rank 2 (batch por rank)"),
+             ("optimizer state", "estado do otimizador"), ("activations (saved)", "ativações (guardadas)"),
+             ("model states when the step ends", "estados do modelo ao fim do passo"),
+             ("reserved by the caching allocator at most", "reservado pelo alocador com cache: no máximo"),
+             ("activation checkpointing on 3 modules", "checkpointing de ativações em 3 módulos"),
+             ("after the step 1.00 GiB; took 1.23 s", "depois do passo 1.00 GiB; levou 1.23 s"),
+             ("note: a note", "nota: a note")]
+    for english, portuguese in pairs:
+        assert english in en and portuguese in pt, (english, portuguese)
+        assert english not in pt, english
+    # the breakdown stays a table: the Portuguese labels are padded as the English ones
+    for text in (en, pt):
+        rows = [line for line in text.splitlines() if line.startswith("    ")]
+        assert len(rows) == 12 and {len(line) for line in rows} == {len(rows[0])}
+    for english, portuguese in [("at the peak", "no pico"), ("does NOT fit on T4", "NÃO cabe em T4"),
+                                ("estimated (FakeTensorMode), train step", "estimativa (FakeTensorMode), passo de treinamento"),
+                                ("optimizer state", "estado do otimizador")]:
+        assert english in en_html and portuguese in pt_html, (english, portuguese)
+        assert english not in pt_html, english
+
+
+def test_the_verdict_without_a_device_in_portuguese(speak):
+    speak("pt-BR")
+    assert _made_up(fits=None, device=None, budget=None, capacity=None).verdict() == \
+        "pico 3.00 GiB (nenhum dispositivo informado)"
+    speak("en")
+    assert _made_up(fits=None, device=None, budget=None, capacity=None).verdict() == "peak 3.00 GiB (no device given)"

@@ -81,21 +81,26 @@
 # %%
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import tr, tr_note
+from vramlab.lessons.predict import guess
+from vramlab.model import HOST_LAYERS
 
 snap = vramlab.snapshot()
 host = snap.host
-print(f"limit           {format_bytes(host.limit)}  ({host.limit_source})")
+source = tr("physical RAM") if host.limit_source == "physical RAM" else host.limit_source
+print(f"{tr('limit'):<16}{format_bytes(host.limit)}  ({source})")
 for key, size in host.layers:
-    print(f"{key:<16}{format_bytes(size):>12}")
-print("devices:", [d.id for d in snap.devices] or "none")
+    print(f"{tr(HOST_LAYERS[key]):<16}{format_bytes(size):>12}")
+print(tr("devices:"), [d.id for d in snap.devices] or tr("none"))
 for note in snap.notes:
-    print("note:", note)
+    print(tr("note: {note}", note=tr_note(note)))
 
 # %%
 import psutil
 
 rss_psutil = psutil.Process().memory_info().rss  # read again, by another library, a moment later
-print(f"this process: vramlab {format_bytes(dict(host.layers)['process'])}, psutil {format_bytes(rss_psutil)}")
+print(tr("this process: vramlab {vramlab}, psutil {psutil}",
+         vramlab=format_bytes(dict(host.layers)["process"]), psutil=format_bytes(rss_psutil)))
 assert abs(dict(host.layers)["process"] - rss_psutil) < 16 * 2**20, (host.layers, rss_psutil)
 if host.limit_source == "physical RAM":
     assert host.limit == psutil.virtual_memory().total
@@ -135,8 +140,8 @@ block = np.ones(256 * MiB // 8)          # 256 MiB of float64, every page writte
 grown = vramlab.snapshot().host.process_rss - before
 del block
 after = vramlab.snapshot().host.process_rss - before
-guess = f"predicted +{prediction_mib} MiB; " if prediction_mib is not None else ""
-print(f"{guess}measured +{grown / MiB:.1f} MiB while the array lives, {after / MiB:+.1f} MiB after del")
+print(tr("measured +{grown:.1f} MiB while the array lives, {after:+.1f} MiB after del ({guess})",
+         grown=grown / MiB, after=after / MiB, guess=guess(prediction_mib, "+{} MiB")))
 
 # %% [markdown]
 # The array's pages are written by `np.ones`, so the kernel must back all of them with RAM:
@@ -164,8 +169,8 @@ del block
 
 # %%
 record = vramlab.last()
-print(f"RSS change over the cell {format_bytes(record.host.rss_delta, signed=True)}, "
-      f"peak during it +{format_bytes(record.host.peak_delta)}")
+print(tr("RSS change over the cell {change}, peak during it +{peak}",
+         change=format_bytes(record.host.rss_delta, signed=True), peak=format_bytes(record.host.peak_delta)))
 assert record.host.peak_delta >= 120 * MiB  # the peak saw the array ...
 assert record.host.rss_delta < 32 * MiB      # ... that the before/after difference misses
 
@@ -175,7 +180,7 @@ assert record.host.rss_delta < 32 * MiB      # ... that the before/after differe
 # The article suggests `nvidia-smi`, `htop` and memory_profiler. They read the same kernel and
 # driver counters, but not the same layers:
 # - `htop` shows each process's RSS in its RES column, and the machine's memory in its header.
-#   It is interactive and has no mode that prints once, so the cell below runs `ps` and `top -b`
+#   It is interactive and has no mode that prints once, so the cells below run `ps` and `top -b`
 #   (top's batch mode) as stand-ins. They read the same `/proc` fields that htop reads.
 # - `free` shows the whole machine: its `available` is the kernel's `MemAvailable`, the figure
 #   vramlab starts from, but it knows nothing of a container's limit.
@@ -185,7 +190,7 @@ assert record.host.rss_delta < 32 * MiB      # ... that the before/after differe
 #   table is the reconciliation of the two. Without an NVIDIA driver the command is missing, or it
 #   fails with "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver".
 #
-# The cell reads vramlab before and after `ps`, so the tool's reading falls between the two.
+# The first cell reads vramlab before and after `ps`, so the tool's reading falls between the two.
 
 # %%
 import os
@@ -199,24 +204,35 @@ before_rss = vramlab.snapshot().host.process_rss
 ps_rss = int(subprocess.run(["ps", "-o", "rss=", "-p", pid], capture_output=True, text=True).stdout) * 1024
 snap = vramlab.snapshot()
 after_rss = snap.host.process_rss
-print(f"vramlab      this process {format_bytes(after_rss)}, available {format_bytes(snap.host.available)}"
-      f" (limit {format_bytes(snap.host.limit)}, {snap.host.limit_source})")
-print(f"ps -o rss    this process {format_bytes(ps_rss)}   (htop's RES column)")
+source = tr("physical RAM") if snap.host.limit_source == "physical RAM" else snap.host.limit_source
+print("vramlab      " + tr("this process {rss}, available {available} (limit {limit}, {source})",
+                           rss=format_bytes(after_rss), available=format_bytes(snap.host.available),
+                           limit=format_bytes(snap.host.limit), source=source))
+print("ps -o rss    " + tr("this process {rss}   (htop's RES column)", rss=format_bytes(ps_rss)))
+
+# %% tags=["quotes-tool-output"]
+# the tools' own lines: top's header and this process's line, nvidia-smi's figures
 if shutil.which("top"):
     top = subprocess.run(["top", "-b", "-n", "1", "-p", pid], capture_output=True, text=True).stdout.splitlines()
     print("top -b       " + "\n             ".join(line for line in top[-2:] if line.strip()))
-if shutil.which("free"):
-    mem = subprocess.run(["free", "-b"], capture_output=True, text=True).stdout.splitlines()[1].split()
-    print(f"free -b      used {format_bytes(int(mem[2]))}, available {format_bytes(int(mem[6]))}")
-print(f"memory_profiler  this process {memory_profiler.memory_usage(-1, interval=0.1, timeout=0.2)[0]:.1f} MiB")
 if shutil.which("nvidia-smi"):
     out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout
-    print("nvidia-smi  ", out.strip())
+    print("nvidia-smi   " + out.strip())
+
+# %%
+if shutil.which("free"):
+    mem = subprocess.run(["free", "-b"], capture_output=True, text=True).stdout.splitlines()[1].split()
+    print("free -b      " + tr("used {used}, available {available}",
+                               used=format_bytes(int(mem[2])), available=format_bytes(int(mem[6]))))
+rss_mp = memory_profiler.memory_usage(-1, interval=0.1, timeout=0.2)[0]
+print("memory_profiler  " + tr("this process {rss:.1f} MiB", rss=rss_mp))
+if shutil.which("nvidia-smi"):
     for d in snap.devices:
-        print(f"vramlab      {d.id}: used {format_bytes(d.used)}, of which tensors {format_bytes(d.layer('tensors'))}")
+        print("vramlab      " + tr("{device}: used {used}, of which tensors {tensors}", device=d.id,
+                                   used=format_bytes(d.used), tensors=format_bytes(d.layer("tensors"))))
 else:
-    print("nvidia-smi is not on this machine: no NVIDIA driver")
+    print(tr("nvidia-smi is not on this machine: no NVIDIA driver"))
 
 # %%
 # ps read the same RSS as vramlab: between vramlab's readings just before and just after it
@@ -233,7 +249,7 @@ assert lo - 2 * MiB <= ps_rss <= hi + 2 * MiB, (before_rss, ps_rss, after_rss)
 # %%
 %load_ext memory_profiler
 
-# %%
+# %% tags=["quotes-tool-output"]
 memit = %memit -o big = np.ones(256 * MiB // 8); del big
 
 # %%
@@ -244,8 +260,8 @@ big = np.ones(256 * MiB // 8); del big
 # %%
 exact = vramlab.last().host.peak_delta
 sampled = (max(memit.mem_usage) - memit.baseline) * MiB  # memory_profiler's MiB are 2^20 bytes
-print(f"a 256 MiB array: memory_profiler's increment {format_bytes(sampled)} (a sample), "
-      f"vramlab's peak +{format_bytes(exact)} (the high-water mark)")
+print(tr("a 256 MiB array: memory_profiler's increment {sampled} (a sample), "
+         "vramlab's peak +{exact} (the high-water mark)", sampled=format_bytes(sampled), exact=format_bytes(exact)))
 
 # %% [markdown]
 # A sample can only miss the top: it sees the RSS at its own moments, and the array may be half

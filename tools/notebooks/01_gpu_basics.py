@@ -23,6 +23,9 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import tr
+from vramlab.lessons.predict import guess
+from vramlab.runtime.oom import parse_oom_message
 
 torch.manual_seed(0)
 dev = vramlab.pick_device(virtual="64MiB")
@@ -105,8 +108,8 @@ while batch <= MAX_TIMED:
     batch *= 2
 dev.cleanup()
 for b, peak, thr in results:
-    fits = format_bytes(peak) if peak is not None else "does not fit"
-    print(f"batch {b:>6}: peak {fits:>12}  {thr:>12,.0f} samples/s")
+    fits = format_bytes(peak) if peak is not None else tr("does not fit")
+    print(tr("batch {b:>6}: peak {fits:>12}  {thr:>12,.0f} samples/s", b=b, fits=fits, thr=thr))
 
 # %% [markdown]
 # On a big GPU the wall is far beyond any batch worth timing: a step at the wall would take
@@ -127,8 +130,12 @@ if oom is None:  # the wall was not reached by timing: predict it, then show it
     except torch.OutOfMemoryError as e:
         oom = (2 * predicted_wall, e.with_traceback(None))
     dev.cleanup()
-print(f"memory: {format_bytes(fixed)} fixed + {format_bytes(per_sample)} per sample; "
-      f"batch {oom[0]:,} does not fit: {str(oom[1]).split('. ')[1]}")
+figures = parse_oom_message(str(oom[1]))  # the figures in the error's message
+print(tr("memory: {fixed} fixed + {per_sample} per sample; ", fixed=format_bytes(fixed),
+         per_sample=format_bytes(per_sample))
+      + tr("batch {b:,} does not fit: GPU {gpu} has a total capacity of {total} of which {free} is free",
+           b=oom[0], gpu=figures["gpu_index"], total=format_bytes(figures["total"]),
+           free=format_bytes(figures["free"])))
 
 # %% [markdown]
 # The out-of-memory error is an ordinary exception: it was caught, the step's tensors were
@@ -141,7 +148,7 @@ print(explanation.text())
 advised = oom[0] // 2  # no record of this step was taken, so the advice is to halve: run it
 with dev.measure() as m:
     train_step(advised)
-print(f"batch {advised:,}, as advised: peak {format_bytes(m.peak)}, it fits")
+print(tr("batch {b:,}, as advised: peak {peak}, it fits", b=advised, peak=format_bytes(m.peak)))
 assert explanation.fitting_batch_size is None  # nothing derived without a record of the step...
 assert f"{oom[0]} -> " in explanation.suggestions[0] and str(advised) in explanation.suggestions[0]  # ...halve
 
@@ -151,16 +158,16 @@ throughput = [r[2] for r in results]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
 ax1.plot(batches, throughput, "o-")
 ax1.set_xscale("log", base=2)
-ax1.set_xlabel("batch size")
-ax1.set_ylabel("samples / s (median of 5)")
+ax1.set_xlabel(tr("batch size"))
+ax1.set_ylabel(tr("samples / s (median of 5)"))
 if oom[0] <= batches[-1]:
-    ax1.axvline(oom[0], color="#e15759", ls="--", label="out of memory")
+    ax1.axvline(oom[0], color="#e15759", ls="--", label=tr("out of memory"))
     ax1.legend()
 ax2.plot([b for b, _ in fitted], [p / 2**20 for _, p in fitted], "o-")
-ax2.axhline(dev.capacity / 2**20, color="#e15759", ls="--", label="capacity")
+ax2.axhline(dev.capacity / 2**20, color="#e15759", ls="--", label=tr("capacity"))
 ax2.set_xscale("log", base=2)
-ax2.set_xlabel("batch size")
-ax2.set_ylabel("peak MiB")
+ax2.set_xlabel(tr("batch size"))
+ax2.set_ylabel(tr("peak MiB"))
 ax2.legend()
 fig.tight_layout()
 
@@ -172,16 +179,17 @@ saturated_at = next(b for b, _, t in results if t >= 0.9 * best)  # first batch 
 gains = [throughput[i + 1] / throughput[i] for i in range(len(throughput) - 1)]
 early, late = statistics.median(gains[:4]), statistics.median(gains[-4:])  # medians: robust to one noisy timing
 need_at_saturation = fixed + per_sample * saturated_at
-print(f"predicted {prediction_speedup}x; measured {speedup:.1f}x from batch 1 to the best batch that fits"
-      if prediction_speedup is not None else
-      f"measured {speedup:.1f}x from batch 1 to the best batch that fits")
-print(f"the median gain per doubling was {early:.2f}x over the first four doublings, {late:.2f}x over the last four")
-print(f"throughput comes within 10% of its best at batch {saturated_at:,}, where a step needs "
-      f"{format_bytes(need_at_saturation)}: {need_at_saturation / dev.capacity:.1%} of this card's "
-      f"{format_bytes(dev.capacity)}; the wall is at batch {oom[0]:,}")
-print("throughput was still rising at the wall: memory stopped the batch before the hardware was busy"
+print(tr("measured {speedup:.1f}x from batch 1 to the best batch that fits ({guess})",
+         speedup=speedup, guess=guess(prediction_speedup, "{}x")))
+print(tr("the median gain per doubling was {early:.2f}x over the first four doublings, {late:.2f}x over the last four",
+         early=early, late=late))
+print(tr("throughput comes within 10% of its best at batch {b:,}, where a step needs {need}: ",
+         b=saturated_at, need=format_bytes(need_at_saturation))
+      + tr("{share:.1%} of this card's {capacity}; the wall is at batch {wall:,}",
+           share=need_at_saturation / dev.capacity, capacity=format_bytes(dev.capacity), wall=oom[0]))
+print(tr("throughput was still rising at the wall: memory stopped the batch before the hardware was busy")
       if saturated_at >= oom[0] else
-      "throughput had flattened before the wall: past that batch, memory buys no more speed")
+      tr("throughput had flattened before the wall: past that batch, memory buys no more speed"))
 
 # %% [markdown]
 # Read the shape from the lines above. Throughput rises with the batch because one step's fixed
@@ -221,7 +229,7 @@ prediction_bytes = None  # your guess, in bytes
 # %%
 del model, opt  # section 1's model leaves the device
 dev.cleanup()
-print(f"on the device before: {format_bytes(dev.allocated())}")
+print(tr("on the device before: {size}", size=format_bytes(dev.allocated())))
 big = torch.nn.Sequential(torch.nn.Linear(2000, 2000), torch.nn.Linear(2000, 2000))
 param_bytes = sum(p.numel() * p.element_size() for p in big.parameters())
 rounded = sum(-(-p.numel() * p.element_size() // 512) * 512 for p in big.parameters())
@@ -247,11 +255,12 @@ device_before = dev.allocated()
 big = dev.put(big)
 device_delta = dev.allocated() - device_before
 host_delta = vramlab.snapshot().host.process_rss - host_before
-print(f"parameters: {big[0].weight.numel() * 2 + 4000:,} ({format_bytes(param_bytes)})"
-      + (f"; predicted {format_bytes(prediction_bytes)}" if prediction_bytes is not None else ""))
-print(f"device memory   {format_bytes(device_delta, signed=True)}  (512-byte rounding alone: "
-      f"{format_bytes(rounded)}; the allocator's blocks: {format_bytes(blocks)})")
-print(f"host RSS        {format_bytes(host_delta, signed=True)}")
+print(tr("parameters: {n:,} ({size}); {guess}", n=big[0].weight.numel() * 2 + 4000, size=format_bytes(param_bytes),
+         guess=guess(prediction_bytes, format_bytes)))
+print(f"{tr('device memory'):<16}{format_bytes(device_delta, signed=True)}  "
+      + tr("(512-byte rounding alone: {rounded}; the allocator's blocks: {blocks})",
+           rounded=format_bytes(rounded), blocks=format_bytes(blocks)))
+print(f"{tr('host RSS'):<16}{format_bytes(host_delta, signed=True)}")
 
 # 64 MiB written straight on the device: does the host pay for them?
 from vramlab.lessons.ramplan import release_free_heap
@@ -262,7 +271,8 @@ filled = torch.ones(64 * MiB, dtype=torch.uint8, device=dev.device)
 fill_host_delta = vramlab.snapshot().host.process_rss - rss_before_fill
 del filled
 dev.cleanup()
-print(f"64 MiB written on {dev.device}: host RSS {format_bytes(fill_host_delta, signed=True)}")
+print(tr("64 MiB written on {device}: host RSS {change}", device=dev.device,
+         change=format_bytes(fill_host_delta, signed=True)))
 
 # %% [markdown]
 # On a CUDA device the parameters are copied to the card and their host copies are freed, so the

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import vramlab
+from vramlab.i18n import N_, tr
 from vramlab.lessons.predict import guess
 from vramlab import format_bytes
 
@@ -78,14 +79,17 @@ slope, fixed = np.polyfit(sizes, peaks, 1)
 pred = fixed + slope * np.array(sizes)
 r2 = 1 - ((np.array(peaks) - pred) ** 2).sum() / ((np.array(peaks) - np.mean(peaks)) ** 2).sum()
 param_bytes = sum(p.numel() * 4 for p in model.parameters())
-print(f"peak ≈ {format_bytes(fixed)} + {format_bytes(slope)} × batch   (R² = {r2:.5f})")
-print(f"parameters {format_bytes(param_bytes)}; with gradients and Adam's two moments: {format_bytes(4 * param_bytes)}")
+print(tr("peak ≈ {fixed} + {slope} × batch   (R² = {r2:.5f})",
+         fixed=format_bytes(fixed), slope=format_bytes(slope), r2=r2))
+print(tr("parameters {params}; with gradients and Adam's two moments: {total}",
+         params=format_bytes(param_bytes), total=format_bytes(4 * param_bytes)))
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot(sizes, np.array(peaks) / 2**20, "o", label="measured peak")
-ax.plot(sizes, pred / 2**20, "-", label=f"fit: {fixed / 2**20:.1f} MiB + {slope / 2**10:.0f} KiB × B")
-ax.set_xlabel("batch size")
+ax.plot(sizes, np.array(peaks) / 2**20, "o", label=tr("measured peak"))
+ax.plot(sizes, pred / 2**20, "-",
+        label=tr("fit: {fixed:.1f} MiB + {slope:.0f} KiB × B", fixed=fixed / 2**20, slope=slope / 2**10))
+ax.set_xlabel(tr("batch size"))
 ax.set_ylabel("MiB")
 ax.legend()
 fig.tight_layout()
@@ -143,10 +147,13 @@ cached = vramlab.find_max_batch_size(fresh_step, device=card)  # the default: Py
 budget = vramlab.parse_size(card)
 predicted = math.floor((budget - v_fixed) / v_slope)
 print(search.text())
-print(f"\nthe line on the virtual card: {format_bytes(v_fixed)} + {format_bytes(v_slope)} × batch "
-      f"(section 1's, on {dev.kind}: {format_bytes(fixed)} + {format_bytes(slope)} × batch)")
-print(f"it predicts {predicted}; the exact search found {search.max_batch_size} in {search.num_trials} trials")
-print(f"with the caching allocator's segments, as on a card: {cached.max_batch_size}")
+print("\n" + tr("the line on the virtual card: {fixed} + {slope} × batch ", fixed=format_bytes(v_fixed),
+                 slope=format_bytes(v_slope))
+      + tr("(section 1's, on {kind}: {fixed} + {slope} × batch)", kind=dev.kind, fixed=format_bytes(fixed),
+           slope=format_bytes(slope)))
+print(tr("it predicts {predicted}; the exact search found {found} in {trials} trials",
+         predicted=predicted, found=search.max_batch_size, trials=search.num_trials))
+print(tr("with the caching allocator's segments, as on a card: {n}", n=cached.max_batch_size))
 
 # %%
 assert abs(predicted - search.max_batch_size) <= 0.03 * search.max_batch_size
@@ -166,13 +173,14 @@ for name in ["RTX 4060 Laptop", "T4", "L4", "A100-80GB", "H200"]:
     est_out = vramlab.estimate(build_model, lambda b: make_batch(b, device="cpu"), batch_size=int(b_max * 1.01),
                                optimizer="adam", device=name, allocator="exact")
     rows.append((p.name, p.datasheet_memory, p.usable, b_max, math.ceil(dataset / b_max), est_in.fits, est_out.fits))
-print(f"{'GPU':<18}{'datasheet':>11}{'usable':>12}{'largest batch':>15}{'iterations/epoch':>18}"
-      "  estimate fits at 0.99 B, at 1.01 B")
+print(f"{'GPU':<18}{tr('datasheet'):>11}{tr('usable'):>12}{tr('largest batch'):>15}{tr('iterations/epoch'):>18}  "
+      + tr("estimate fits at 0.99 B, at 1.01 B"))
 for name, sheet, usable, b, it, fit_in, fit_out in rows:
     sheet_gb = f"{sheet // 2**30} GB"  # the datasheet's "GB", which is GiB of DRAM
     print(f"{name:<18}{sheet_gb:>11}{format_bytes(usable):>12}{b:>15,}{it:>18,}  {fit_in}, {fit_out}")
-print("usable: the total the card reports (nvidia-smi, cited in vramlab.sim.presets) minus the modelled "
-      f"CUDA context of {format_bytes(vramlab.sim.CUDA_CONTEXT_OVERHEAD)}; not yet read on a card by vramlab")
+print(tr("usable: the total the card reports (nvidia-smi, cited in vramlab.sim.presets) minus the modelled "
+         "CUDA context of {context}; not yet read on a card by vramlab",
+         context=format_bytes(vramlab.sim.CUDA_CONTEXT_OVERHEAD)))
 
 # %% [markdown]
 # A card with 10× the memory runs a 10× larger batch of this model, and so needs a tenth of the
@@ -214,12 +222,12 @@ for b in batch_sizes:
     mini = per_sample[idx].mean(1)
     variances.append(((mini - full) ** 2).sum(1).mean().item())
 slope_var = np.polyfit(np.log(batch_sizes), np.log(variances), 1)[0]
-print(f"variance falls {variances[1] / variances[3]:.1f}x from B=16 to B=256 ({guess(prediction_ratio, '{}x')}); "
-      f"log-log slope {slope_var:.3f}")
+print(tr("variance falls {ratio:.1f}x from B=16 to B=256 ({guess}); log-log slope {slope:.3f}",
+         ratio=variances[1] / variances[3], guess=guess(prediction_ratio, "{}x"), slope=slope_var))
 fig, ax = plt.subplots(figsize=(5, 3))
-ax.loglog(batch_sizes, variances, "o-", label="measured")
+ax.loglog(batch_sizes, variances, "o-", label=tr("measured"))
 ax.loglog(batch_sizes, variances[0] * batch_sizes[0] / np.array(batch_sizes), "--", label="1/B")
-ax.set_xlabel("batch size")
+ax.set_xlabel(tr("batch size"))
 ax.set_ylabel("E‖g_B − g‖²")
 ax.legend()
 fig.tight_layout()
@@ -276,24 +284,36 @@ large_steps, large_epochs = train(256)
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3))
 a1.plot(small_steps, lw=0.5, label="B=16")
 a1.plot(np.arange(len(large_steps)), large_steps, lw=1.5, label="B=256")
-a1.set_xlabel("step")
-a1.set_ylabel("batch loss")
+a1.set_xlabel(tr("step"))
+a1.set_ylabel(tr("batch loss"))
 a1.legend()
 a2.plot([1, 2], small_epochs, "o-", label="B=16")
 a2.plot([1, 2], large_epochs, "o-", label="B=256")
-a2.set_xlabel("epoch")
-a2.set_ylabel("full-data loss")
+a2.set_xlabel(tr("epoch"))
+a2.set_ylabel(tr("full-data loss"))
 a2.legend()
 fig.tight_layout()
 k = len(large_steps)
 noise_small = np.std(np.diff(small_steps[k // 2:k]))
 noise_large = np.std(np.diff(large_steps[k // 2:]))
-print(f"after 2 epochs: B=16 loss {small_epochs[-1]:.3f} ({len(small_steps)} steps), "
-      f"B=256 loss {large_epochs[-1]:.3f} ({len(large_steps)} steps)")
-print(f"at step {k}: B=16 batch loss ≈ {np.mean(small_steps[k - 8:k]):.3f}, B=256 ≈ {np.mean(large_steps[-8:]):.3f}")
-print(f"step-to-step noise of the loss: B=16 {noise_small:.3f}, B=256 {noise_large:.3f}")
-print(f"lower after the same epochs: {guess(prediction_per_epoch)}; lower after the same steps: "
-      f"{guess(prediction_per_step)}")
+at_k_small, at_k_large = np.mean(small_steps[k - 8:k]), np.mean(large_steps[-8:])
+print(tr("after 2 epochs: B=16 loss {small:.3f} ({small_steps} steps), B=256 loss {large:.3f} ({large_steps} steps)",
+         small=small_epochs[-1], small_steps=len(small_steps), large=large_epochs[-1], large_steps=len(large_steps)))
+print(tr("at step {k}: B=16 batch loss ≈ {small:.3f}, B=256 ≈ {large:.3f}",
+         k=k, small=at_k_small, large=at_k_large))
+print(tr("step-to-step noise of the loss: B=16 {small:.3f}, B=256 {large:.3f}", small=noise_small, large=noise_large))
+
+
+def lower(small: float, large: float) -> str:
+    """Which batch size ended with the lower loss: "B=16", "B=256", or "the same" (within 10%)."""
+    if abs(small - large) < 0.1 * max(small, large):
+        return N_("the same")
+    return "B=16" if small < large else "B=256"
+
+
+print(tr("lower after the same epochs: {epochs}; lower after the same steps: {steps}",
+         epochs=guess(prediction_per_epoch, answer=lower(small_epochs[-1], large_epochs[-1])),
+         steps=guess(prediction_per_step, answer=lower(at_k_small, at_k_large))))
 
 # %% [markdown]
 # Per **step**, the two runs fall at about the same rate here: early in training the gradient's
@@ -328,8 +348,9 @@ with dev.measure() as acc_m:
         (torch.nn.functional.cross_entropy(model(xb[i:i + 32]), yb[i:i + 32]) / 8).backward()
 acc_grads = [p.grad.clone() for p in model.parameters()]
 max_diff = max((a - b).abs().max().item() for a, b in zip(full_grads, acc_grads))
-print(f"peak: full batch {format_bytes(full_m.peak_delta)}, 8 × 32 accumulated {format_bytes(acc_m.peak_delta)}")
-print(f"largest difference between the two gradients: {max_diff:.2e}")
+print(tr("peak: full batch {full}, 8 × 32 accumulated {accumulated}",
+         full=format_bytes(full_m.peak_delta), accumulated=format_bytes(acc_m.peak_delta)))
+print(tr("largest difference between the two gradients: {diff:.2e}", diff=max_diff))
 
 # %%
 assert acc_m.peak_delta < 0.5 * full_m.peak_delta

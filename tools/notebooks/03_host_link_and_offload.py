@@ -39,8 +39,10 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import N_, tr
 from vramlab.lessons.predict import guess
 from vramlab.lessons.transfer import measure_copy, save_on_host
+from vramlab.runtime.oom import parse_oom_message
 from vramlab.sim.presets import get_preset
 
 torch.manual_seed(0)
@@ -74,14 +76,19 @@ with dev.measure():
     after = dev.allocated()
     del hold, second
 dev.cleanup()
-print(f"held {format_bytes(chunk)} of {format_bytes(dev.budget)}; asked for {format_bytes(chunk)} more, "
-      f"with {format_bytes(host_available)} of host RAM available")
+print(tr("held {held} of {budget}; asked for {more} more, with {host} of host RAM available",
+         held=format_bytes(chunk), budget=format_bytes(dev.budget), more=format_bytes(chunk),
+         host=format_bytes(host_available)))
+outcome = N_("error") if oom is not None else N_("host RAM")
 if oom is not None:
-    print(f"result: torch.OutOfMemoryError ({guess(prediction_spill)}): {'. '.join(str(oom).split('. ')[:2])}.")
+    requested = parse_oom_message(str(oom))["requested"]  # the size in the error's message
+    print(tr("result: torch.OutOfMemoryError ({guess}): CUDA out of memory. Tried to allocate {requested}.",
+             guess=guess(prediction_spill, answer=outcome), requested=format_bytes(requested)))
 else:
-    print(f"result: the second tensor was allocated ({guess(prediction_spill)}): this driver backs the card "
-          "with system memory (Windows' Sysmem Fallback?)")
-print(f"allocated on the card before the request {format_bytes(before)}, after it {format_bytes(after)}")
+    print(tr("result: the second tensor was allocated ({guess}): this driver backs the card "
+             "with system memory (Windows' Sysmem Fallback?)", guess=guess(prediction_spill, answer=outcome)))
+print(tr("allocated on the card before the request {before}, after it {after}",
+         before=format_bytes(before), after=format_bytes(after)))
 
 # %% [markdown]
 # The request failed at once. Nothing of it was placed anywhere: the card's allocated bytes are
@@ -105,7 +112,7 @@ assert after == before, (before, after)  # nothing of the failed request is coun
 
 # %%
 names = ["T4", "L4", "RTX 4090", "A100-80GB", "H100-80GB", "H200-141GB", "GH200-96GB"]
-print(f"{'GPU':<12}{'memory GB/s':>12}{'host link':>16}{'link GB/s':>10}{'ratio':>7}   source")
+print(f"{'GPU':<12}{tr('memory GB/s'):>12}{tr('host link'):>16}{tr('link GB/s'):>10}{tr('ratio'):>7}   {tr('source')}")
 ratios = {}
 for n in names:
     p = get_preset(n)
@@ -113,8 +120,9 @@ for n in names:
     print(f"{p.name:<12}{p.bandwidth / 1e9:>12,.0f}{p.host_link:>16}{p.host_link_bandwidth / 1e9:>10,.0f}"
           f"{ratios[p.name]:>6.0f}x   {p.source}")
 least, most = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
-print(f"by the datasheets, a byte crossing the link costs {ratios[least]:.0f}x ({least}) to {ratios[most]:.0f}x "
-      f"({most}) what it costs in the card's own memory")
+print(tr("by the datasheets, a byte crossing the link costs {least_ratio:.0f}x ({least}) to {most_ratio:.0f}x "
+         "({most}) what it costs in the card's own memory",
+         least_ratio=ratios[least], least=least, most_ratio=ratios[most], most=most))
 
 # %% [markdown]
 # The ratios are arithmetic on datasheet figures, so there is nothing to assert about them. What
@@ -133,14 +141,16 @@ prediction_pinned_speedup = None  # your guess: pinned is how many times faster 
 # %%
 nbytes = (1024 if LARGE else 256) * MiB
 pageable = measure_copy(dev, nbytes)
-print(f"{pageable.kind}: {pageable.bandwidth / 1e9:.1f} GB/s for {format_bytes(pageable.nbytes)}")
+print(tr("{kind}: {bandwidth:.1f} GB/s for {size}", kind=pageable.kind, bandwidth=pageable.bandwidth / 1e9,
+         size=format_bytes(pageable.nbytes)))
 if dev.is_cuda:
     pinned = measure_copy(dev, nbytes, pinned=True)
     d2d = measure_copy(dev, nbytes, device_to_device=True)
-    print(f"{pinned.kind}: {pinned.bandwidth / 1e9:.1f} GB/s "
-          f"({pinned.bandwidth / pageable.bandwidth:.2f}x pageable; {guess(prediction_pinned_speedup, '{}x')})")
-    print(f"{d2d.kind}: {d2d.bandwidth / 1e9:.1f} GB/s, {d2d.bandwidth / pinned.bandwidth:.0f}x the pinned "
-          "host→device copy")
+    print(tr("{kind}: {bandwidth:.1f} GB/s ({ratio:.2f}x pageable; {guess})", kind=pinned.kind,
+             bandwidth=pinned.bandwidth / 1e9, ratio=pinned.bandwidth / pageable.bandwidth,
+             guess=guess(prediction_pinned_speedup, "{}x")))
+    print(tr("{kind}: {bandwidth:.1f} GB/s, {ratio:.0f}x the pinned host→device copy", kind=d2d.kind,
+             bandwidth=d2d.bandwidth / 1e9, ratio=d2d.bandwidth / pinned.bandwidth))
     # overlap: a non_blocking copy from pinned memory runs on a side stream while the GPU computes
     a = torch.randn(4096, 4096, device=dev.device)
     src = torch.empty(nbytes // 4, pin_memory=True)
@@ -171,11 +181,12 @@ if dev.is_cuda:
         compute()
 
     t_seq, t_ovl = timed(both_sequential), timed(both_overlapped)
-    print(f"copy then compute {t_seq * 1e3:.1f} ms; copy overlapped with compute {t_ovl * 1e3:.1f} ms")
+    print(tr("copy then compute {seq:.1f} ms; copy overlapped with compute {ovl:.1f} ms",
+             seq=t_seq * 1e3, ovl=t_ovl * 1e3))
     del a, src, dst
 else:
-    print(f"no CUDA device: pinned memory, the link and copy/compute overlap are not measured here "
-          f"({guess(prediction_pinned_speedup, '{}x')})")
+    print(tr("no CUDA device: pinned memory, the link and copy/compute overlap are not measured here ({guess})",
+             guess=guess(prediction_pinned_speedup, "{}x")))
 
 # %% [markdown]
 # On a real card the cell below checks what the datasheets and the copy engine's design lead one
@@ -216,7 +227,7 @@ net = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), t
 dev.put(net)
 x = dev.put(torch.randn(batch, width))
 acts = depth * batch * width * 4 + x.nbytes  # saved: each tanh's output (the next layer saves the same storage), and x
-modes = {"activations on the device": contextlib.nullcontext, "save_on_host(dev)": lambda: save_on_host(dev)}
+modes = {N_("activations on the device"): contextlib.nullcontext, "save_on_host(dev)": lambda: save_on_host(dev)}
 if not dev.is_cuda:
     modes["torch save_on_cpu()"] = lambda: torch.autograd.graph.save_on_cpu()
     modes["torch save_on_cpu(pin_memory=True)"] = lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)
@@ -232,11 +243,16 @@ for _ in range(2):  # twice each: the first runs warm up (on CUDA they create cu
         runs[name] = (m.peak_delta, m.wall_s, [p.grad.clone() for p in net.parameters()])
 peak_on, t_on, g_on = runs["activations on the device"]
 peak_off, t_off, g_off = runs["save_on_host(dev)"]
-print(f"saved for backward: {format_bytes(acts)}")
-for name, (peak, t, _) in runs.items():
-    print(f"{name:<36} peak +{format_bytes(peak):>11} ({(peak - peak_on) / MiB:+7.1f} MiB)  {t * 1e3:5.0f} ms")
-print(f"offloading: the peak falls by {1 - peak_off / peak_on:.0%} ({(peak_on - peak_off) / acts:.0%} of the saved "
-      f"bytes), the step takes {t_off / t_on - 1:+.0%} time ({guess(prediction_offload)})")
+print(tr("saved for backward: {size}", size=format_bytes(acts)))
+for name, (peak, t, _) in runs.items():  # tr(name): the one mode named in words, in the notebook's language
+    print(f"{tr(name):<36} " + tr("peak +{peak:>11} ({change:+7.1f} MiB)  {ms:5.0f} ms",
+                                  peak=format_bytes(peak), change=(peak - peak_on) / MiB, ms=t * 1e3))
+fall, slower = 1 - peak_off / peak_on, t_off / t_on - 1
+outcome = N_("peak") if fall > slower else N_("time")  # which changed more
+print(tr("offloading: the peak falls by {fall:.0%} ({share:.0%} of the saved bytes), ", fall=fall,
+         share=(peak_on - peak_off) / acts)
+      + tr("the step takes {slower:+.0%} time ({guess})", slower=slower,
+           guess=guess(prediction_offload, answer=outcome)))
 
 # %% [markdown]
 # Offloading lowers the peak by most of the saved activations, and the gradients are unchanged.
@@ -289,6 +305,6 @@ for _ in range(2):  # the first run warms up
         loss = net[half_depth:](h).square().mean()
         loss.backward()
         del loss, h
-print(f"half offloaded: peak +{format_bytes(m.peak_delta)}, {m.wall_s * 1e3:.0f} ms "
-      f"(none offloaded +{format_bytes(peak_on)}, {t_on * 1e3:.0f} ms; all +{format_bytes(peak_off)}, "
-      f"{t_off * 1e3:.0f} ms)")
+print(tr("half offloaded: peak +{peak}, {ms:.0f} ms ", peak=format_bytes(m.peak_delta), ms=m.wall_s * 1e3)
+      + tr("(none offloaded +{none_peak}, {none_ms:.0f} ms; all +{all_peak}, {all_ms:.0f} ms)",
+           none_peak=format_bytes(peak_on), none_ms=t_on * 1e3, all_peak=format_bytes(peak_off), all_ms=t_off * 1e3))

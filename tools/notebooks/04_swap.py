@@ -21,6 +21,7 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import tr
 from vramlab.lessons.predict import guess
 from vramlab.lessons.transfer import page_cache_fraction, read_swaps
 
@@ -80,15 +81,15 @@ with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
     del disk
 evicted = cached_before is not None and cached_before < 0.1
 size = n * 4
-print(f"in the page cache before the first read: "
-      f"{'unknown' if cached_before is None else f'{cached_before:.0%}'} of the file; after it: "
-      f"{'unknown' if cached_after is None else f'{cached_after:.0%}'}")
-print(f"RAM          {size / t_ram / 1e9:6.1f} GB/s")
-print(f"disk, cold   {size / t_cold / 1e9:6.1f} GB/s   ({t_cold / t_ram:.0f}x slower than RAM; "
-      f"{guess(prediction_slowdown, '{}x')})")
-print(f"disk, warm   {size / t_warm / 1e9:6.1f} GB/s   (its pages are in RAM now)")
+share = (lambda c: tr("unknown") if c is None else f"{c:.0%}")
+print(tr("in the page cache before the first read: {before} of the file; after it: {after}",
+         before=share(cached_before), after=share(cached_after)))
+print(f"{'RAM':<13}{size / t_ram / 1e9:6.1f} GB/s")
+print(f"{tr('disk, cold'):<13}{size / t_cold / 1e9:6.1f} GB/s   "
+      + tr("({slower:.0f}x slower than RAM; {guess})", slower=t_cold / t_ram, guess=guess(prediction_slowdown, "{}x")))
+print(f"{tr('disk, warm'):<13}{size / t_warm / 1e9:6.1f} GB/s   " + tr("(its pages are in RAM now)"))
 if not evicted:
-    print("the file could not be dropped from the page cache here (tmpfs?): the 'cold' read was not cold")
+    print(tr("the file could not be dropped from the page cache here (tmpfs?): the 'cold' read was not cold"))
 
 # %% [markdown]
 # A cold read waits for the disk. Once the pages are in RAM, the same tensor reads at RAM speed.
@@ -130,18 +131,22 @@ if evicted:
 
 # %%
 areas = read_swaps()
+kinds = {"file": tr("a file"), "partition": tr("a partition")}  # the Type column of /proc/swaps
 for a in areas:
-    print(f"{a.filename}: a {a.kind}, {format_bytes(a.size)}, {format_bytes(a.used)} used, priority {a.priority}")
+    print(tr("{filename}: {kind}, {size}, {used} used, priority {priority}", filename=a.filename,
+             kind=kinds.get(a.kind, a.kind), size=format_bytes(a.size), used=format_bytes(a.used), priority=a.priority))
 if not areas:
-    print("/proc/swaps lists no swap area: this machine has no swap (many cloud machines and "
-          "Kubernetes nodes run without one)")
+    print(tr("/proc/swaps lists no swap area: this machine has no swap (many cloud machines and "
+             "Kubernetes nodes run without one)"))
 with contextlib.suppress(OSError):
     with open("/proc/sys/vm/swappiness") as f:
-        print(f"vm.swappiness = {f.read().strip()} (how readily the kernel swaps anonymous memory "
-              "rather than drop page cache; 0 to 200 on current kernels)")
+        print(tr("vm.swappiness = {value} (how readily the kernel swaps anonymous memory "
+                 "rather than drop page cache; 0 to 200 on current kernels)", value=f.read().strip()))
 host = vramlab.snapshot().host
-print(f"swap on this machine: {format_bytes(host.swap_used)} used of {format_bytes(host.swap_total)}, "
-      f"{format_bytes(host.swap_in)} paged in and {format_bytes(host.swap_out)} out since boot")
+print(tr("swap on this machine: {used} used of {total}, ", used=format_bytes(host.swap_used),
+         total=format_bytes(host.swap_total))
+      + tr("{swap_in} paged in and {swap_out} out since boot", swap_in=format_bytes(host.swap_in),
+           swap_out=format_bytes(host.swap_out)))
 
 # %% [markdown]
 # ## Summary
@@ -185,7 +190,8 @@ def cold_read(step: int) -> tuple[float, float | None]:
 
 
 (t_all, c_all), (t_strided, c_strided) = cold_read(1), cold_read(1024)
-share = (lambda c: "unknown" if c is None else f"{c:.0%}")
-print(f"cold read of every element: {t_all * 1e3:.0f} ms, {share(c_all)} of the file cached after it; "
-      f"of every 1024th: {t_strided * 1e3:.0f} ms, {share(c_strided)} cached after it "
-      f"({t_strided / t_all:.2f} of the time)")
+share = (lambda c: tr("unknown") if c is None else f"{c:.0%}")
+print(tr("cold read of every element: {ms:.0f} ms, {cached} of the file cached after it; ",
+         ms=t_all * 1e3, cached=share(c_all))
+      + tr("of every 1024th: {ms:.0f} ms, {cached} cached after it ({ratio:.2f} of the time)",
+           ms=t_strided * 1e3, cached=share(c_strided), ratio=t_strided / t_all))

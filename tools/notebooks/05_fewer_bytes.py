@@ -18,6 +18,7 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import tr
 from vramlab.lessons.predict import guess
 from vramlab.lessons.transfer import (bucketed_batches, dequantize_int8, measure_copy, padding_stats,
                                       quantize_int8, random_batches)
@@ -48,15 +49,16 @@ copy_ms, errors = {}, {}
 threads = torch.get_num_threads()
 if not dev.is_cuda:
     torch.set_num_threads(1)  # one thread: on a busy CPU a parallel copy waits for its descheduled threads
-print(f"{'format':<14}{'bytes':>12}{'of fp32':>9}{'max rel. error':>16}{'copy ms':>9}")
+print(f"{tr('format'):<14}{tr('bytes'):>12}{tr('of fp32'):>9}{tr('max rel. error'):>16}{tr('copy ms'):>9}")
+shown = {"int8 + scale": tr("int8 + scale")}  # the one format name with a word in it
 for name, data, back in rows:
     copy_ms[name] = measure_copy(dev, data.nbytes, repeats=7, fastest=True).seconds * 1e3  # the fastest of 7
     errors[name] = ((back - t).abs().max() / t.abs().max()).item()
-    print(f"{name:<14}{format_bytes(data.nbytes):>12}{data.nbytes / t.nbytes:>9.2f}{errors[name]:>16.2e}"
-          f"{copy_ms[name]:>9.2f}")
+    print(f"{shown.get(name, name):<14}{format_bytes(data.nbytes):>12}{data.nbytes / t.nbytes:>9.2f}"
+          f"{errors[name]:>16.2e}{copy_ms[name]:>9.2f}")
 torch.set_num_threads(threads)
-print(f"int8 moves in {copy_ms['int8 + scale'] / copy_ms['float32']:.2f} of the time of float32, "
-      f"float16 in {copy_ms['float16'] / copy_ms['float32']:.2f}")
+print(tr("int8 moves in {int8:.2f} of the time of float32, float16 in {fp16:.2f}",
+         int8=copy_ms["int8 + scale"] / copy_ms["float32"], fp16=copy_ms["float16"] / copy_ms["float32"]))
 
 # %% [markdown]
 # The copy time falls with the bytes. The error is the price. bf16 keeps fp32's range but only 8
@@ -90,10 +92,12 @@ batch = 32
 schemes = {"random": random_batches(lengths, batch), "bucketed": bucketed_batches(lengths, batch)}
 stats = {k: padding_stats(lengths, b) for k, b in schemes.items()}
 rand, buck = stats["random"], stats["bucketed"]
-print(f"random batches:   {rand.wasted:.1%} of tokens are padding ({guess(prediction_wasted, '{:.0%}')})")
-print(f"bucketed batches: {buck.wasted:.1%} of tokens are padding")
-print(f"tokens to compute and move per epoch: {rand.padded:,} random, {buck.padded:,} bucketed "
-      f"({rand.padded / buck.padded:.1f}x fewer)")
+scheme_name = {"random": tr("random"), "bucketed": tr("bucketed")}  # for the printed lines and the plot
+print(f"{tr('random batches:'):<17} " + tr("{wasted:.1%} of tokens are padding ({guess})",
+                                             wasted=rand.wasted, guess=guess(prediction_wasted, "{:.0%}")))
+print(f"{tr('bucketed batches:'):<17} " + tr("{wasted:.1%} of tokens are padding", wasted=buck.wasted))
+print(tr("tokens to compute and move per epoch: {random:,} random, {bucketed:,} bucketed ({fewer:.1f}x fewer)",
+         random=rand.padded, bucketed=buck.padded, fewer=rand.padded / buck.padded))
 
 # %% [markdown]
 # Does bucketing lower the peak memory too? We run one training step of a small transformer layer
@@ -128,25 +132,29 @@ for k, bs in schemes.items():
     by_size = sorted(bs, key=lambda b: padded_shape(b)[0] * padded_shape(b)[1])
     worst[k], median[k] = by_size[-1], by_size[len(by_size) // 2]
     peaks[k] = {"worst": step_peak(worst[k]), "median": step_peak(median[k])}
-    print(f"{k:<9} worst batch {'{} x {}'.format(*padded_shape(worst[k])):>9} tokens: peak "
-          f"{'+' + format_bytes(peaks[k]['worst']):>12};  median batch "
-          f"{'{} x {}'.format(*padded_shape(median[k])):>9}: {'+' + format_bytes(peaks[k]['median']):>12}")
+    print(f"{scheme_name[k]:<9} " + tr("worst batch {worst:>9} tokens: peak {worst_peak:>12};  "
+                                       "median batch {median:>9}: {median_peak:>12}",
+                                       worst="{} x {}".format(*padded_shape(worst[k])),
+                                       worst_peak="+" + format_bytes(peaks[k]["worst"]),
+                                       median="{} x {}".format(*padded_shape(median[k])),
+                                       median_peak="+" + format_bytes(peaks[k]["median"])))
 peak_ratio = peaks["bucketed"]["worst"] / peaks["random"]["worst"]
 median_ratio = peaks["bucketed"]["median"] / peaks["random"]["median"]
-print(f"the worst bucketed step's peak is {peak_ratio:.2f} of the worst random one's "
-      f"({guess(prediction_peak_ratio, '{}')}); the median step's is {median_ratio:.2f}")
-print(f"the longest sequence has {max(lengths)} tokens; "
-      + ("both worst batches are padded to it, with the same number of sequences"
-         if padded_shape(worst["random"]) == padded_shape(worst["bucketed"]) else "the worst batches differ in shape"))
+print(tr("the worst bucketed step's peak is {ratio:.2f} of the worst random one's ({guess}); "
+         "the median step's is {median:.2f}",
+         ratio=peak_ratio, guess=guess(prediction_peak_ratio, "{}"), median=median_ratio))
+print(tr("the longest sequence has {n} tokens; ", n=max(lengths))
+      + (tr("both worst batches are padded to it, with the same number of sequences")
+         if padded_shape(worst["random"]) == padded_shape(worst["bucketed"]) else tr("the worst batches differ in shape")))
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3))
-ax1.bar(list(stats), [s.wasted * 100 for s in stats.values()])
-ax1.set_ylabel("% of tokens that are padding")
-ax1.set_title("padding, by batching scheme")
-for i, part in enumerate(("worst", "median")):
-    ax2.bar(np.arange(2) + 0.4 * i, [peaks[k][part] / MiB for k in schemes], width=0.4, label=f"{part} batch")
-ax2.set_xticks(np.arange(2) + 0.2, list(schemes))
-ax2.set_ylabel("peak MiB added by a step")
-ax2.set_title("one step's peak, by batching scheme")
+ax1.bar([scheme_name[k] for k in stats], [s.wasted * 100 for s in stats.values()])
+ax1.set_ylabel(tr("% of tokens that are padding"))
+ax1.set_title(tr("padding, by batching scheme"))
+for i, (part, label) in enumerate((("worst", tr("worst batch")), ("median", tr("median batch")))):
+    ax2.bar(np.arange(2) + 0.4 * i, [peaks[k][part] / MiB for k in schemes], width=0.4, label=label)
+ax2.set_xticks(np.arange(2) + 0.2, [scheme_name[k] for k in schemes])
+ax2.set_ylabel(tr("peak MiB added by a step"))
+ax2.set_title(tr("one step's peak, by batching scheme"))
 ax2.legend(fontsize=8)
 fig.tight_layout()
 
@@ -196,8 +204,10 @@ assert median_ratio < 0.5, peaks  # ... while the typical step needs far less
 # solution 1: the padding against the pool size
 for pool in (50, 5, 1):
     s = padding_stats(lengths, bucketed_batches(lengths, batch, bucket_batches=pool))
-    print(f"pools of {pool:>2} batch{'es' if pool > 1 else '  '}: {s.wasted:.1%} of tokens are padding "
-          f"(random: {rand.wasted:.1%})")
+    pools = (tr("pools of {pool:>2} batches:", pool=pool) if pool > 1
+             else tr("pools of {pool:>2} batch  :", pool=pool))
+    print(pools + " " + tr("{wasted:.1%} of tokens are padding (random: {random:.1%})",
+                           wasted=s.wasted, random=rand.wasted))
 
 # solution 2: bucketed batches cut by a token budget
 budget = batch * int(np.median(lengths))
@@ -214,7 +224,8 @@ tb = padding_stats(lengths, token_batches)
 largest = max(token_batches, key=lambda b: padded_shape(b)[0] * padded_shape(b)[1])
 longest = token_batches[-1]  # the longest sequences: attention costs L² per sequence, so measure it too
 peak_tb = max(step_peak(largest), step_peak(longest))
-print(f"token budget {budget:,}: {len(token_batches)} batches, {tb.wasted:.1%} padding; the most tokens "
-      f"{'{} x {}'.format(*padded_shape(largest))}, the longest {'{} x {}'.format(*padded_shape(longest))}; "
-      f"the larger of their peaks +{format_bytes(peak_tb)} ({peak_tb / peaks['bucketed']['worst']:.2f} of "
-      "section 2's worst)")
+print(tr("token budget {budget:,}: {n} batches, {wasted:.1%} padding; the most tokens {most}, the longest {longest}; ",
+         budget=budget, n=len(token_batches), wasted=tb.wasted,
+         most="{} x {}".format(*padded_shape(largest)), longest="{} x {}".format(*padded_shape(longest)))
+      + tr("the larger of their peaks +{peak} ({ratio:.2f} of section 2's worst)",
+           peak=format_bytes(peak_tb), ratio=peak_tb / peaks["bucketed"]["worst"]))

@@ -28,6 +28,7 @@ from torch import nn
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import tr
 from vramlab.lessons.hparams import ConvNet, checkpoint_segments, feasible_grid, naive_attention, polyfit
 from vramlab.lessons.predict import guess
 
@@ -38,7 +39,7 @@ MiB = 2**20
 BUDGET = 4096 * MiB if LARGE else 256 * MiB   # the budget of section 5 (on CUDA, a nominal one)
 device_type = "cuda" if dev.is_cuda else "cpu"
 print(dev)
-print(f"budget for the grid of section 5: {format_bytes(BUDGET)}")
+print(tr("budget for the grid of section 5: {budget}", budget=format_bytes(BUDGET)))
 
 
 def train_peak(build, make_batch, amp: bool = False) -> int:
@@ -102,28 +103,31 @@ inc_depth = (d8 - d4) / (d4 - d2)                       # 4 more layers against 
 w1, w2, w4 = (peak_width[widths.index(w)] for w in (widths[1], widths[3], widths[5]))
 inc_width = (w4 - w2) / (w2 - w1)                       # 2 if linear in w, 4 if quadratic
 w2_share = a * widths[-1] ** 2 / (a * widths[-1] ** 2 + b * widths[-1])
-print(f"depth: peak = {fit_depth.coeffs[1] / MiB:.3f} MiB + {fit_depth.coeffs[0] / MiB:.3f} MiB x depth "
-      f"(R² {fit_depth.r2:.5f}); a hidden layer's weights and gradients: {layer_state / MiB:.3f} MiB")
-print(f"width: peak = {c / MiB:.2f} MiB + {b / 1024:.1f} KiB x w + {a:.1f} B x w²  (R² {fit_width.r2:.5f}); "
-      f"the w² term is {100 * w2_share:.0f}% of the width-dependent part at w = {widths[-1]}")
-print(f"doubling depth 4 -> 8: peak x{d8 / d4:.2f} ({guess(prediction_depth_x2, 'x{}')}); "
-      f"doubling width {widths[3]} -> {widths[5]}: peak x{w4 / w2:.2f} ({guess(prediction_width_x2, 'x{}')})")
-print(f"increments: depth 4 -> 8 adds x{inc_depth:.2f} what 2 -> 4 adds (2 if linear); "
-      f"width {widths[3]} -> {widths[5]} adds x{inc_width:.2f} what {widths[1]} -> {widths[3]} adds "
-      "(2 if linear, 4 if quadratic)")
+print(tr("depth: peak = {fixed:.3f} MiB + {per_layer:.3f} MiB x depth (R² {r2:.5f}); ",
+         fixed=fit_depth.coeffs[1] / MiB, per_layer=fit_depth.coeffs[0] / MiB, r2=fit_depth.r2)
+      + tr("a hidden layer's weights and gradients: {layer:.3f} MiB", layer=layer_state / MiB))
+print(tr("width: peak = {fixed:.2f} MiB + {b:.1f} KiB x w + {a:.1f} B x w²  (R² {r2:.5f}); ",
+         fixed=c / MiB, b=b / 1024, a=a, r2=fit_width.r2)
+      + tr("the w² term is {share:.0f}% of the width-dependent part at w = {w}", share=100 * w2_share, w=widths[-1]))
+print(tr("doubling depth 4 -> 8: peak x{depth:.2f} ({guess}); ", depth=d8 / d4, guess=guess(prediction_depth_x2, "x{}"))
+      + tr("doubling width {w2} -> {w4}: peak x{width:.2f} ({guess})",
+           w2=widths[3], w4=widths[5], width=w4 / w2, guess=guess(prediction_width_x2, "x{}")))
+print(tr("increments: depth 4 -> 8 adds x{depth:.2f} what 2 -> 4 adds (2 if linear); ", depth=inc_depth)
+      + tr("width {w2} -> {w4} adds x{width:.2f} what {w1} -> {w2} adds (2 if linear, 4 if quadratic)",
+           w1=widths[1], w2=widths[3], w4=widths[5], width=inc_width))
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
-ax1.plot(depths, np.array(peak_depth) / MiB, "o", label="measured")
-ax1.plot(depths, fit_depth(depths) / MiB, "-", label=f"linear fit, R² {fit_depth.r2:.4f}")
-ax1.set_xlabel("depth (hidden layers of 512)")
-ax1.set_ylabel("peak MiB")
+ax1.plot(depths, np.array(peak_depth) / MiB, "o", label=tr("measured"))
+ax1.plot(depths, fit_depth(depths) / MiB, "-", label=tr("linear fit, R² {r2:.4f}", r2=fit_depth.r2))
+ax1.set_xlabel(tr("depth (hidden layers of 512)"))
+ax1.set_ylabel(tr("peak MiB"))
 ax1.legend(fontsize=8)
-ax2.plot(widths, np.array(peak_width) / MiB, "o", label="measured")
+ax2.plot(widths, np.array(peak_width) / MiB, "o", label=tr("measured"))
 ws = np.linspace(widths[0], widths[-1], 50)
-ax2.plot(ws, fit_width(ws) / MiB, "-", label=f"quadratic fit, R² {fit_width.r2:.4f}")
-ax2.set_xlabel("width (4 hidden layers)")
-ax2.set_ylabel("peak MiB")
+ax2.plot(ws, fit_width(ws) / MiB, "-", label=tr("quadratic fit, R² {r2:.4f}", r2=fit_width.r2))
+ax2.set_xlabel(tr("width (4 hidden layers)"))
+ax2.set_ylabel(tr("peak MiB"))
 ax2.legend(fontsize=8)
 fig.tight_layout()
 
@@ -171,16 +175,19 @@ fixed = fit_side.coeffs[1]
 s1, s2, s4 = sides[0], 2 * sides[0], 4 * sides[0]
 p1, p2, p4 = (peak_side[sides.index(s)] for s in (s1, s2, s4))
 ratio_side = (p4 - p2) / (p2 - p1)  # a(4s) - a(2s) = 3·a(2s), a(2s) - a(s) = 3·a(s): their ratio is a(2s) / a(s)
-print(f"peak = {fixed / MiB:.2f} MiB + {fit_side.coeffs[0]:.0f} B x side²  (R² {fit_side.r2:.5f})")
-print(f"side doubled: activations x{ratio_side:.2f} ({guess(prediction_side_x2, 'x{}')}), from the increments "
-      f"{s1} -> {s2} (+{format_bytes(p2 - p1)}) and {s2} -> {s4} (+{format_bytes(p4 - p2)})")
+print(tr("peak = {fixed:.2f} MiB + {b:.0f} B x side²  (R² {r2:.5f})", fixed=fixed / MiB, b=fit_side.coeffs[0],
+         r2=fit_side.r2))
+print(tr("side doubled: activations x{ratio:.2f} ({guess}), from the increments "
+         "{s1} -> {s2} (+{inc1}) and {s2} -> {s4} (+{inc2})",
+         ratio=ratio_side, guess=guess(prediction_side_x2, "x{}"), s1=s1, s2=s2, s4=s4,
+         inc1=format_bytes(p2 - p1), inc2=format_bytes(p4 - p2)))
 
 fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot(sides, np.array(peak_side) / MiB, "o", label="measured")
+ax.plot(sides, np.array(peak_side) / MiB, "o", label=tr("measured"))
 ss = np.linspace(sides[0], sides[-1], 50)
-ax.plot(ss, fit_side(ss ** 2) / MiB, "-", label=f"a + b·side², R² {fit_side.r2:.4f}")
-ax.set_xlabel("image side (pixels)")
-ax.set_ylabel("peak MiB")
+ax.plot(ss, fit_side(ss ** 2) / MiB, "-", label=tr("a + b·side², R² {r2:.4f}", r2=fit_side.r2))
+ax.set_xlabel(tr("image side (pixels)"))
+ax.set_ylabel(tr("peak MiB"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -222,15 +229,18 @@ fit_naive = polyfit(lengths, peak_naive, 2)
 x2_naive = (peak_naive[-1] - peak_naive[-2]) / (peak_naive[-2] - peak_naive[-3])
 x2_fused = (peak_fused[-1] - peak_fused[-2]) / (peak_fused[-2] - peak_fused[-3])
 for T, pn, pf in zip(lengths, peak_naive, peak_fused):
-    print(f"T = {T:>5}: written out {format_bytes(pn):>11}   fused {format_bytes(pf):>11}")
-print(f"doubling T: written out x{x2_naive:.2f} ({guess(prediction_naive_x2, 'x{}')}), "
-      f"fused x{x2_fused:.2f} ({guess(prediction_fused_x2, 'x{}')}), from the increments")
+    print(tr("T = {T:>5}: written out {naive:>11}   fused {fused:>11}", T=T, naive=format_bytes(pn),
+             fused=format_bytes(pf)))
+print(tr("doubling T: written out x{naive:.2f} ({guess_naive}), fused x{fused:.2f} ({guess_fused}), "
+         "from the increments",
+         naive=x2_naive, guess_naive=guess(prediction_naive_x2, "x{}"),
+         fused=x2_fused, guess_fused=guess(prediction_fused_x2, "x{}")))
 
 fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot(lengths, np.array(peak_naive) / MiB, "o-", label="written out: T² scores stored")
+ax.plot(lengths, np.array(peak_naive) / MiB, "o-", label=tr("written out: T² scores stored"))
 ax.plot(lengths, np.array(peak_fused) / MiB, "s-", label="scaled_dot_product_attention")
-ax.set_xlabel("sequence length T")
-ax.set_ylabel("peak MiB")
+ax.set_xlabel(tr("sequence length T"))
+ax.set_ylabel(tr("peak MiB"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -289,14 +299,22 @@ regs = {"weight decay 0.1": dict(weight_decay=0.1), "dropout 0.1": dict(dropout=
 base = {bt: reg_peak(bt) for bt in reg_batches}
 extra = {name: {bt: reg_peak(bt, **kw) - base[bt] for bt in reg_batches} for name, kw in regs.items()}
 param_bytes = 4 * sum(p.numel() for p in mlp(hidden, n_hidden).parameters())
-print(f"AdamW step without a regulariser: peak {', '.join(f'{format_bytes(base[bt])} at batch {bt}' for bt in reg_batches)}; "
-      f"the weights are {format_bytes(param_bytes)}")
+
+
+def at_each_batch(sizes: dict[int, int]) -> str:
+    """"<bytes> at batch <b>" for each batch size, joined by commas."""
+    return ", ".join(tr("{size} at batch {b}", size=format_bytes(sizes[bt]), b=bt) for bt in reg_batches)
+
+
+shown = {"EMA of the weights": tr("EMA of the weights")}  # weight decay and dropout keep their English names
+print(tr("AdamW step without a regulariser: peak {peaks}; the weights are {weights}",
+         peaks=at_each_batch(base), weights=format_bytes(param_bytes)))
 for name, e in extra.items():
-    print(f"{name:<20} adds " + ", ".join(f"{format_bytes(e[bt])} at batch {bt}" for bt in reg_batches))
-print("dropout: " + ", ".join(f"{extra['dropout 0.1'][bt] / (bt * hidden * n_hidden):.2f}" for bt in reg_batches)
-      + " bytes per hidden activation; EMA: " + ", ".join(f"{extra['EMA of the weights'][bt] / param_bytes:.2f}"
-                                                          for bt in reg_batches)
-      + f" x the weights, at batch {' and '.join(map(str, reg_batches))} ({guess(prediction_regularisers)})")
+    print(f"{shown.get(name, name):<20} " + tr("adds {sizes}", sizes=at_each_batch(e)))
+print(tr("dropout: {dropout} bytes per hidden activation; EMA: {ema} x the weights, at batch {b1} and {b2} ({guess})",
+         dropout=", ".join(f"{extra['dropout 0.1'][bt] / (bt * hidden * n_hidden):.2f}" for bt in reg_batches),
+         ema=", ".join(f"{extra['EMA of the weights'][bt] / param_bytes:.2f}" for bt in reg_batches),
+         b1=reg_batches[0], b2=reg_batches[1], guess=guess(prediction_regularisers)))
 
 # %% [markdown]
 # The three differ as their mechanisms say. Weight decay rewrites the weights in place: nothing
@@ -351,8 +369,9 @@ for name, v in variants.items():
         grid_sides, grid_widths, BUDGET)
     dev.cleanup()
 for name, g in grids.items():
-    print(f"{name:<14} {g.count:>2} of {len(grid_sides) * len(grid_widths)} points fit "
-          f"({guess(predicted[name])}); largest side per width {g.frontier()}")
+    print(f"{name:<14} " + tr("{n:>2} of {total} points fit ({guess}); largest side per width {frontier}",
+                              n=g.count, total=len(grid_sides) * len(grid_widths), guess=guess(predicted[name]),
+                              frontier=g.frontier()))
 
 
 def border_ratios(name: str) -> list[float]:
@@ -365,8 +384,8 @@ def border_ratios(name: str) -> list[float]:
 
 
 ratio_amp, ratio_ckpt = border_ratios("bf16 autocast"), border_ratios("checkpointing")
-print("peak against fp32's at the border, per width: bf16 " + ", ".join(f"{r:.2f}" for r in ratio_amp)
-      + "; checkpointing " + ", ".join(f"{r:.2f}" for r in ratio_ckpt))
+print(tr("peak against fp32's at the border, per width: bf16 {bf16}; checkpointing {ckpt}",
+         bf16=", ".join(f"{r:.2f}" for r in ratio_amp), ckpt=", ".join(f"{r:.2f}" for r in ratio_ckpt)))
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(9.5, 3.2), sharey=True)
@@ -378,11 +397,12 @@ for ax, (name, g) in zip(axes, grids.items()):
             if not np.isnan(img[i, j]):
                 ax.text(j, i, f"{img[i, j]:.0f}", ha="center", va="center", fontsize=6)
     ax.set_xticks(range(len(grid_widths)), [f"x{w}" for w in grid_widths])
-    ax.set_title(f"{name}: {g.count} fit", fontsize=9)
-    ax.set_xlabel("width multiplier")
+    ax.set_title(tr("{name}: {n} fit", name=name, n=g.count), fontsize=9)
+    ax.set_xlabel(tr("width multiplier"))
 axes[0].set_yticks(range(len(grid_sides)), grid_sides)
-axes[0].set_ylabel("image side")
-fig.suptitle(f"green: fits {format_bytes(BUDGET)} (numbers: peak MiB; blank: not run or out of memory)", fontsize=9)
+axes[0].set_ylabel(tr("image side"))
+fig.suptitle(tr("green: fits {budget} (numbers: peak MiB; blank: not run or out of memory)",
+                budget=format_bytes(BUDGET)), fontsize=9)
 fig.tight_layout()
 
 # %% [markdown]
@@ -447,19 +467,22 @@ seg_peak, seg_forwards = zip(*(segments_peak(k) for k in ks))
 act = seg_batch * seg_width * 4  # one layer's output, fp32
 k_best = ks[int(np.argmin(seg_peak))]
 for k, p, f in zip(ks, seg_peak, seg_forwards):
-    print(f"k = {k:>2}: peak +{format_bytes(p):>11} = {p / act:5.1f} layer outputs, {f:>2} layer forwards"
-          + ("   <- lowest" if k == k_best else ""))
-print(f"lowest at k = {k_best} (√n = {n_layers ** 0.5:.1f}; {guess(prediction_best_k, 'k = {}')}); "
-      f"per layer (k = {n_layers}) saves {format_bytes(seg_peak[0] - seg_peak[-1])} against none, "
-      f"k = {k_best} saves {format_bytes(seg_peak[0] - min(seg_peak))}")
+    print(tr("k = {k:>2}: peak +{peak:>11} = {outputs:5.1f} layer outputs, {forwards:>2} layer forwards",
+             k=k, peak=format_bytes(p), outputs=p / act, forwards=f)
+          + (tr("   <- lowest") if k == k_best else ""))
+print(tr("lowest at k = {k} (√n = {root:.1f}; {guess}); ",
+         k=k_best, root=n_layers ** 0.5, guess=guess(prediction_best_k, "k = {}"))
+      + tr("per layer (k = {n}) saves {per_layer} against none, k = {k} saves {best}",
+           n=n_layers, per_layer=format_bytes(seg_peak[0] - seg_peak[-1]), k=k_best,
+           best=format_bytes(seg_peak[0] - min(seg_peak))))
 del stack, x_seg  # off the card: the solutions below measure absolute peaks
 dev.cleanup()
 
 fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot(ks, np.array(seg_peak) / MiB, "o-", label="measured")
+ax.plot(ks, np.array(seg_peak) / MiB, "o-", label=tr("measured"))
 ax.axvline(n_layers ** 0.5, color="grey", ls="--", label="√n")
-ax.set_xlabel(f"segments k ({n_layers} layers)")
-ax.set_ylabel("peak MiB (added by the step)")
+ax.set_xlabel(tr("segments k ({n} layers)", n=n_layers))
+ax.set_ylabel(tr("peak MiB (added by the step)"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -514,25 +537,30 @@ b_side = fit_side.coeffs[0]
 S_max = int(((BUDGET - fixed) / b_side) ** 0.5)
 try:
     peak_S = train_peak(lambda: ConvNet(1), lambda: image_batch(S_max))
-    print(f"the fit gives S = {S_max} pixels for {format_bytes(BUDGET)}; a step at {S_max}: "
-          f"{format_bytes(peak_S)} ({100 * (peak_S / fit_side(S_max ** 2) - 1):+.2f}% from the fit), "
-          f"{'fits' if peak_S <= BUDGET else 'does not fit'}")
+    print(tr("the fit gives S = {S} pixels for {budget}; ", S=S_max, budget=format_bytes(BUDGET))
+          + tr("a step at {S}: {peak} ({off:+.2f}% from the fit), ",
+               S=S_max, peak=format_bytes(peak_S), off=100 * (peak_S / fit_side(S_max ** 2) - 1))
+          + (tr("fits") if peak_S <= BUDGET else tr("does not fit")))
 except torch.OutOfMemoryError:
-    print(f"the fit gives S = {S_max} pixels for {format_bytes(BUDGET)}; a step at {S_max} ran out of memory")
+    print(tr("the fit gives S = {S} pixels for {budget}; ", S=S_max, budget=format_bytes(BUDGET))
+          + tr("a step at {S} ran out of memory", S=S_max))
 dev.cleanup()
 
 # solution 2: the scores and their softmax at the largest T, against the measured peak
 T = lengths[-1]
 scores = 1 * heads * T * T * 4
-print(f"T = {T}: scores {format_bytes(scores)} + softmax {format_bytes(scores)} = {format_bytes(2 * scores)}; "
-      f"measured peak {format_bytes(peak_naive[-1])} ({2 * scores / peak_naive[-1]:.0%} of it)")
+print(tr("T = {T}: scores {scores} + softmax {softmax} = {both}; measured peak {peak} ({share:.0%} of it)",
+         T=T, scores=format_bytes(scores), softmax=format_bytes(scores), both=format_bytes(2 * scores),
+         peak=format_bytes(peak_naive[-1]), share=2 * scores / peak_naive[-1]))
 
 # solution 3: one point, at width 2 and the largest side that fp32 fits there
 side3 = grids["fp32"].frontier()[1]
 peaks3 = {(amp, ck): train_peak(lambda: ConvNet(2, checkpoint=ck), lambda: image_batch(side3, 16), amp=amp)
           for amp in (False, True) for ck in (False, True)}
-print(f"side {side3}, width 2: fp32 {format_bytes(peaks3[False, False])}, bf16 {format_bytes(peaks3[True, False])}, "
-      f"checkpointing {format_bytes(peaks3[False, True])}, both {format_bytes(peaks3[True, True])}; "
-      f"savings {format_bytes(peaks3[False, False] - peaks3[True, False])} + "
-      f"{format_bytes(peaks3[False, False] - peaks3[False, True])} alone, "
-      f"{format_bytes(peaks3[False, False] - peaks3[True, True])} together")
+print(tr("side {side}, width 2: fp32 {fp32}, bf16 {bf16}, checkpointing {ckpt}, both {both}; ",
+         side=side3, fp32=format_bytes(peaks3[False, False]), bf16=format_bytes(peaks3[True, False]),
+         ckpt=format_bytes(peaks3[False, True]), both=format_bytes(peaks3[True, True]))
+      + tr("savings {bf16} + {ckpt} alone, {both} together",
+           bf16=format_bytes(peaks3[False, False] - peaks3[True, False]),
+           ckpt=format_bytes(peaks3[False, False] - peaks3[False, True]),
+           both=format_bytes(peaks3[False, False] - peaks3[True, True])))

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 import vramlab
+from vramlab.i18n import tr
 from vramlab.lessons.predict import guess
 from vramlab import format_bytes
 from vramlab.lessons import quant, prune
@@ -79,21 +80,22 @@ for name, build in variants.items():
     on_device[name] = dev.allocated() - before
     del model
     dev.cleanup()
-print(f"{n_params:,} parameters")
+print(tr("{n:,} parameters", n=n_params))
 for name, nbytes in on_device.items():
-    print(f"{name:>5}: {format_bytes(nbytes):>11} on the device, {nbytes / n_params:.3f} bytes/parameter "
-          f"({guess(prediction_bytes_per_param[name])}, {100 * nbytes / on_device['fp32']:.1f}% of fp32)")
+    print(tr("{name:>5}: {size:>11} on the device, {per:.3f} bytes/parameter ({guess}, {share:.1f}% of fp32)",
+             name=name, size=format_bytes(nbytes), per=nbytes / n_params,
+             guess=guess(prediction_bytes_per_param[name]), share=100 * nbytes / on_device["fp32"]))
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 2.8))
 names = list(on_device)
-ax.bar(names, [on_device[n] / n_params for n in names], color="#4e79a7", label="measured")
+ax.bar(names, [on_device[n] / n_params for n in names], color="#4e79a7", label=tr("measured"))
 guessed = [n for n in names if prediction_bytes_per_param[n] is not None]
 if guessed:
     ax.scatter(guessed, [prediction_bytes_per_param[n] for n in guessed], color="#e15759", zorder=3,
-               label="your prediction")
-ax.set_ylabel("bytes per parameter")
-ax.set_title("the model on the device, by format")
+               label=tr("your prediction"))
+ax.set_ylabel(tr("bytes per parameter"))
+ax.set_title(tr("the model on the device, by format"))
 ax.legend()
 fig.tight_layout()
 
@@ -165,7 +167,7 @@ def train(model: nn.Module, epochs: int, lr: float = 2e-3) -> None:
 
 train(student, epochs=8)
 acc = {"fp32": accuracy(student)}
-print(f"trained: test accuracy {acc['fp32']:.1f}% (chance is {100 / C:.0f}%)")
+print(tr("trained: test accuracy {acc:.1f}% (chance is {chance:.0f}%)", acc=acc["fp32"], chance=100 / C))
 
 # %%
 sizes = {"fp32": quant.model_bytes(student)}
@@ -181,22 +183,34 @@ if quant.dynamic_int8_available():
     # its weights live in packed objects that no storage count sees: compare what torch.save writes
     sizes["int8 dynamic (CPU)"] = quant.serialized_bytes(d8) * sizes["fp32"] // quant.serialized_bytes(student)
 else:
-    print("torch.ao.quantization.quantize_dynamic does not run in this torch build; skipped")
+    print(tr("torch.ao.quantization.quantize_dynamic does not run in this torch build; skipped"))
 
-print(f"drops: int8 {guess(prediction_int8_drop_points, '{} points')}, int4 {guess(prediction_int4_drop_points, '{} points')}")
+
+def in_points(p) -> str:
+    """A guess in accuracy points, for guess()."""
+    return tr("{p} points", p=p)
+
+
+method = {"int8 weight-only": tr("int8 weight-only"), "int4 weight-only": tr("int4 weight-only"),
+          "int8 dynamic (CPU)": tr("int8 dynamic (CPU)")}  # the names printed and drawn
+print(tr("drops: int8 {int8}, int4 {int4}", int8=guess(prediction_int8_drop_points, in_points),
+         int4=guess(prediction_int4_drop_points, in_points)))
 for k in acc:
-    print(f"{k:>20}: accuracy {acc[k]:5.1f}%  ({acc[k] - acc['fp32']:+.1f} points), "
-          f"weights {format_bytes(sizes[k]):>10} ({100 * sizes[k] / sizes['fp32']:.0f}% of fp32)")
+    print(f"{method.get(k, k):>20}: " + tr("accuracy {acc:5.1f}%  ({diff:+.1f} points), weights {size:>10} "
+                                           "({share:.0f}% of fp32)",
+                                           acc=acc[k], diff=acc[k] - acc["fp32"], size=format_bytes(sizes[k]),
+                                           share=100 * sizes[k] / sizes["fp32"]))
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3))
 for k in acc:
     ax.scatter(sizes[k] / 2**10, acc[k], s=40)
-    ax.annotate(k, (sizes[k] / 2**10, acc[k]), textcoords="offset points", xytext=(5, -10), fontsize=8)
-ax.set_xlabel("weight bytes (KiB)")
-ax.set_ylabel("test accuracy (%)")
+    ax.annotate(method.get(k, k), (sizes[k] / 2**10, acc[k]), textcoords="offset points", xytext=(5, -10),
+                fontsize=8)
+ax.set_xlabel(tr("weight bytes (KiB)"))
+ax.set_ylabel(tr("test accuracy (%)"))
 ax.set_xlim(0, sizes["fp32"] / 2**10 * 1.15)
-ax.set_title("smaller is left; better is up")
+ax.set_title(tr("smaller is left; better is up"))
 fig.tight_layout()
 
 # %% [markdown]
@@ -254,11 +268,14 @@ dev.cleanup()
 
 dense_bytes = quant.model_bytes(student)
 for a, (sp, nbytes, ac) in unstructured.items():
-    print(f"unstructured {a:.0%}: {sp:.0%} zeros, {format_bytes(nbytes)} on the device "
-          f"({nbytes / dense_bytes:.2f} of dense), accuracy {ac:.1f}%")
-print(f"90% pruning still attached: {format_bytes(attached_bytes)} ({attached_bytes / dense_bytes:.2f} of dense)")
-print(f"after 90% pruning: {guess(prediction_fraction_after_90pct_pruning, '{:.2f} of dense')}; "
-      f"measured {unstructured[0.9][1] / dense_bytes:.2f}")
+    print(tr("unstructured {amount:.0%}: {zeros:.0%} zeros, {size} on the device ({share:.2f} of dense), "
+             "accuracy {acc:.1f}%",
+             amount=a, zeros=sp, size=format_bytes(nbytes), share=nbytes / dense_bytes, acc=ac))
+print(tr("90% pruning still attached: {size} ({share:.2f} of dense)",
+         size=format_bytes(attached_bytes), share=attached_bytes / dense_bytes))
+print(tr("after 90% pruning: {guess}; measured {measured:.2f}",
+         guess=guess(prediction_fraction_after_90pct_pruning, lambda p: tr("{p:.2f} of dense", p=p)),
+         measured=unstructured[0.9][1] / dense_bytes))
 
 # %% [markdown]
 # The zeros are still stored: a dense float32 tensor spends 4 bytes on a 0.0 as on any other
@@ -277,15 +294,15 @@ for d in densities:
     w = prune.prune_unstructured(nn.Sequential(layer), 1 - d)[0].weight
     csr_ratio.append(prune.sparse_bytes(w) / (w.numel() * w.element_size()))
 fig, ax = plt.subplots(figsize=(5, 2.8))
-ax.plot(densities, csr_ratio, "o-", label="CSR bytes / dense bytes")
+ax.plot(densities, csr_ratio, "o-", label=tr("CSR bytes / dense bytes"))
 ax.axhline(1.0, color="#888", ls=":")
-ax.axvline(prune.csr_break_even_density(), color="#e15759", ls="--", label="break-even density 1/3")
-ax.set_xlabel("fraction of non-zero weights")
-ax.set_ylabel("relative size")
+ax.axvline(prune.csr_break_even_density(), color="#e15759", ls="--", label=tr("break-even density 1/3"))
+ax.set_xlabel(tr("fraction of non-zero weights"))
+ax.set_ylabel(tr("relative size"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 for d, r in zip(densities, csr_ratio):
-    print(f"density {d:.2f}: CSR takes {r:.2f} x the dense bytes")
+    print(tr("density {d:.2f}: CSR takes {r:.2f} x the dense bytes", d=d, r=r))
 
 # %% [markdown]
 # Structured pruning makes the matrices themselves smaller. Removing half of the hidden units of
@@ -299,8 +316,10 @@ acc_pruned = accuracy(small)
 train(small, epochs=2)
 acc_tuned = accuracy(small)
 small_bytes = quant.model_bytes(small)
-print(f"structured 50%: {format_bytes(small_bytes)} ({small_bytes / dense_bytes:.2f} of dense); "
-      f"accuracy {acc['fp32']:.1f}% -> {acc_pruned:.1f}% right after pruning -> {acc_tuned:.1f}% after 2 epochs")
+print(tr("structured 50%: {size} ({share:.2f} of dense); ", size=format_bytes(small_bytes),
+         share=small_bytes / dense_bytes)
+      + tr("accuracy {trained:.1f}% -> {pruned:.1f}% right after pruning -> {tuned:.1f}% after 2 epochs",
+           trained=acc["fp32"], pruned=acc_pruned, tuned=acc_tuned))
 
 # %% [markdown]
 # So the article's sentence holds only with its fine print: unstructured pruning **by itself**

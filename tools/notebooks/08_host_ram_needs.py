@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import vramlab
+from vramlab.i18n import tr
 from vramlab.lessons.predict import guess
 from vramlab import format_bytes
 from vramlab.lessons import ramplan
@@ -46,8 +47,11 @@ print(dev)
 
 # %%
 host = vramlab.snapshot().host
-print(f"physical RAM {format_bytes(host.total)}; effective limit {format_bytes(host.limit)} "
-      f"(from {host.limit_source}); available now {format_bytes(host.available)}")
+# where the limit comes from: physical RAM, or the cgroup file that sets it (a file's name, as it is)
+source = tr("physical RAM") if host.limit_source == "physical RAM" else host.limit_source
+print(tr("physical RAM {total}; effective limit {limit} (from {source}); available now {available}",
+         total=format_bytes(host.total), limit=format_bytes(host.limit), source=source,
+         available=format_bytes(host.available)))
 
 # %% [markdown]
 # A limit below the machine's RAM, at work. Making a cgroup needs root, so the next cell uses a
@@ -86,11 +90,18 @@ def child_allocates(ask: int, headroom: int) -> str:
     return run.stdout.strip() or run.stderr.strip()[-200:]
 
 
+def said(answer: str) -> str:
+    """A child's answer for the learner: "allocated" in words, an exception's name as it is."""
+    return tr("allocated") if answer == "allocated" else answer
+
+
 ask = 512 * MiB
 unlimited, limited = child_allocates(ask, 0), child_allocates(ask, 256 * MiB)
-print(f"{format_bytes(ask)} asked, {format_bytes(host.available)} available: without a limit {unlimited}; "
-      f"under RLIMIT_AS = its size + {format_bytes(256 * MiB)}: {limited}")
-print(f"this kernel's own limit: {format_bytes(host.limit)}, from {host.limit_source}")
+print(tr("{ask} asked, {available} available: without a limit {unlimited}; ",
+         ask=format_bytes(ask), available=format_bytes(host.available), unlimited=said(unlimited))
+      + tr("under RLIMIT_AS = its size + {headroom}: {limited}",
+           headroom=format_bytes(256 * MiB), limited=said(limited)))
+print(tr("this kernel's own limit: {limit}, from {source}", limit=format_bytes(host.limit), source=source))
 
 # %%
 assert limited == "MemoryError", limited  # the limit refused it...
@@ -154,9 +165,11 @@ plan = ramplan.ram_needs(dataset_bytes=dataset_bytes, load="whole", batch_bytes=
 train_on([np.zeros((batch_rows, features), np.float32)])
 _, whole = ramplan.peak_rss_during(whole_job)
 print(plan.text())
-print(f"\nmeasured: RSS before {format_bytes(whole.before)}, peak {format_bytes(whole.peak)} "
-      f"(+{whole.delta / MiB:.0f} MiB; {guess(prediction_peak_growth_mib, '+{} MiB')}); "
-      f"plan {format_bytes(plan.total)}, off by {100 * (whole.peak - plan.total) / plan.total:+.1f}%")
+print("\n" + tr("measured: RSS before {before}, peak {peak} (+{growth:.0f} MiB; {guess}); ",
+                before=format_bytes(whole.before), peak=format_bytes(whole.peak), growth=whole.delta / MiB,
+                guess=guess(prediction_peak_growth_mib, "+{} MiB"))
+      + tr("plan {plan}, off by {off:+.1f}%", plan=format_bytes(plan.total),
+           off=100 * (whole.peak - plan.total) / plan.total))
 
 # %% [markdown]
 # The plan is right to within a few percent because every large part of it is a buffer whose size
@@ -166,15 +179,15 @@ print(f"\nmeasured: RSS before {format_bytes(whole.before)}, peak {format_bytes(
 
 # %%
 examples = {
-    "tabular, 20 GB table read whole": ramplan.ram_needs(
+    tr("tabular, 20 GB table read whole"): ramplan.ram_needs(
         dataset_bytes=20 * GiB, batch_bytes=64 * MiB, baseline=2 * GiB, limit=None),
-    "CNN on ImageNet, streamed, 8 workers": ramplan.ram_needs(
+    tr("CNN on ImageNet, streamed, 8 workers"): ramplan.ram_needs(
         dataset_bytes=140 * GiB, load="stream", batch_bytes=256 * 3 * 224 * 224 * 4, workers=8,
         pin_memory=True, model_parameters=25_600_000, baseline=2 * GiB, limit=None),
-    "7B LLM: checkpoint loaded on the host (bf16)": ramplan.ram_needs(
+    tr("7B LLM: checkpoint loaded on the host (bf16)"): ramplan.ram_needs(
         load="stream", batch_bytes=8 * 4096 * 8, model_parameters=7_000_000_000, bytes_per_parameter=2,
         baseline=2 * GiB, limit=None),
-    "the same, checkpoint and model both on the host": ramplan.ram_needs(
+    tr("the same, checkpoint and model both on the host"): ramplan.ram_needs(
         load="stream", batch_bytes=8 * 4096 * 8, model_parameters=7_000_000_000, bytes_per_parameter=2,
         model_copies=2, baseline=2 * GiB, limit=None),
 }
@@ -221,21 +234,23 @@ def mmap_job() -> float:
 
 
 _, mapped = ramplan.peak_rss_during(mmap_job)
-growth = {"whole (np.load)": whole.delta, "memory-mapped scan": mapped.delta, "streamed reads": stream.delta}
+growth = {tr("whole (np.load)"): whole.delta, tr("memory-mapped scan"): mapped.delta,
+          tr("streamed reads"): stream.delta}
 for k, v in growth.items():
-    print(f"{k:<20} peak RSS +{v / MiB:7.1f} MiB")
-print(f"streamed: {guess(prediction_stream_growth_mib, '+{} MiB')}; memory-mapped: "
-      f"{guess(prediction_mmap_growth_mib, '+{} MiB')}; "
-      f"plan for streaming: {format_bytes(plan_stream.total - plan_stream.item('interpreter and libraries'))} "
-      "above the baseline")
-print(f"whole over streamed: x{whole.delta / stream.delta:.0f}, where rows / batch_rows = "
-      f"{rows // batch_rows}")
+    print(f"{k:<20} " + tr("peak RSS +{growth:7.1f} MiB", growth=v / MiB))
+print(tr("streamed: {guess_stream}; memory-mapped: {guess_mmap}; ",
+         guess_stream=guess(prediction_stream_growth_mib, "+{} MiB"),
+         guess_mmap=guess(prediction_mmap_growth_mib, "+{} MiB"))
+      + tr("plan for streaming: {size} above the baseline",
+           size=format_bytes(plan_stream.total - plan_stream.item("interpreter and libraries"))))
+print(tr("whole over streamed: x{ratio:.0f}, where rows / batch_rows = {n}",
+         ratio=whole.delta / stream.delta, n=rows // batch_rows))
 
 fig, ax = plt.subplots(figsize=(5.5, 2.6))
 ax.barh(list(growth), [v / MiB for v in growth.values()], color=["#e15759", "#f28e2b", "#59a14f"])
-ax.axvline(dataset_bytes / MiB, color="#888", ls="--", label="dataset size")
-ax.set_xlabel("peak RSS growth (MiB)")
-ax.set_title("the same job, three ways to read the data")
+ax.axvline(dataset_bytes / MiB, color="#888", ls="--", label=tr("dataset size"))
+ax.set_xlabel(tr("peak RSS growth (MiB)"))
+ax.set_title(tr("the same job, three ways to read the data"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -282,6 +297,7 @@ workdir.cleanup()  # the dataset file
 # solution 1, computed: the plan for the exercise's job
 exercise = ramplan.ram_needs(dataset_bytes=6 * GiB, batch_bytes=128 * 3 * 224 * 224 * 4, workers=4,
                              pin_memory=True, model_parameters=25_600_000, baseline=2 * GiB, limit=None)
-print(f"one batch: {format_bytes(128 * 3 * 224 * 224 * 4)} ({128 * 3 * 224 * 224 * 4 / 1e6:.1f} MB)")
+print(tr("one batch: {size} ({mb:.1f} MB)", size=format_bytes(128 * 3 * 224 * 224 * 4),
+         mb=128 * 3 * 224 * 224 * 4 / 1e6))
 print(exercise.text())
-print(f"tier: {exercise.tier_gb} GB" if exercise.tier_gb else "tier: more than 64 GB")
+print(tr("tier: {gb} GB", gb=exercise.tier_gb) if exercise.tier_gb else tr("tier: more than 64 GB"))

@@ -27,6 +27,7 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import N_, tr
 from vramlab.lessons import ramplan
 from vramlab.lessons.predict import guess
 
@@ -66,33 +67,33 @@ gc.collect()
 gc.disable()
 try:
     n = 64 * MiB // 4
-    readings = {"start": dev.allocated()}
+    readings = {N_("start"): dev.allocated()}
     with dev.measure():
         plain = Holder(torch.ones(n, device=dev.device), cycle=False)
         cyclic = Holder(torch.ones(n, device=dev.device), cycle=True)
-    readings["two tensors"] = dev.allocated()
+    readings[N_("two tensors")] = dev.allocated()
     del plain
-    readings["del plain"] = dev.allocated()
+    readings[N_("del plain")] = dev.allocated()
     del cyclic
-    readings["del cyclic"] = dev.allocated()
+    readings[N_("del cyclic")] = dev.allocated()
     found = gc.collect()
     readings["gc.collect()"] = dev.allocated()
 finally:
     gc.enable()
 steps = list(readings)
 freed = {s: (readings[p] - readings[s]) / MiB for p, s in zip(steps, steps[1:]) if s != "two tensors"}
-for s in steps:
-    print(f"{s:<14} {format_bytes(readings[s] - readings['start']):>10} on the device")
-print(f"gc.collect() found {found} unreachable objects")
-print("MiB freed by del plain, del cyclic, gc.collect(): "
+for s in steps:  # the steps' names are the English keys: tr() shows them in the notebook's language
+    print(f"{tr(s):<14} " + tr("{size:>10} on the device", size=format_bytes(readings[s] - readings["start"])))
+print(tr("gc.collect() found {n} unreachable objects", n=found))
+print(tr("MiB freed by del plain, del cyclic, gc.collect(): ")
       + ", ".join(f"{freed[k]:.0f} ({guess(p)})" for k, p in zip(freed, (prediction_del_plain_mib, prediction_del_cycle_mib,
                                                                         prediction_collect_mib))))
 
 fig, ax = plt.subplots(figsize=(5.5, 2.6))
 ax.step(range(len(steps)), [(readings[s] - readings["start"]) / MiB for s in steps], where="mid", marker="o")
-ax.set_xticks(range(len(steps)), steps, fontsize=8)
-ax.set_ylabel("device MiB")
-ax.set_title("device memory after each step")
+ax.set_xticks(range(len(steps)), [tr(s) for s in steps], fontsize=8)
+ax.set_ylabel(tr("device MiB"))
+ax.set_title(tr("device memory after each step"))
 fig.tight_layout()
 
 # %%
@@ -137,7 +138,8 @@ try:
 except torch.OutOfMemoryError:
     sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()   # what IPython does
 held = dev.allocated() - start
-print(f"after the OOM: {format_bytes(held)} still allocated ({guess(prediction_held_mib, '{} MiB')})")
+print(tr("after the OOM: {held} still allocated ({guess})", held=format_bytes(held),
+         guess=guess(prediction_held_mib, "{} MiB")))
 print("\n".join(vramlab.explain_oom(sys.last_value).text().splitlines()[:5]))
 
 # %%
@@ -146,7 +148,8 @@ print("\n".join(vramlab.explain_oom(sys.last_value).text().splitlines()[:5]))
 
 # %%
 after_free = dev.allocated() - start
-print(f"after %vram free: {format_bytes(after_free)} allocated ({guess(prediction_after_free_mib, '{} MiB')})")
+print(tr("after %vram free: {size} allocated ({guess})", size=format_bytes(after_free),
+         guess=guess(prediction_after_free_mib, "{} MiB")))
 assert held >= 192 * MiB, held
 assert after_free < 1 * MiB, after_free
 
@@ -190,8 +193,9 @@ with dev.measure():  # the virtual GPU counts what is made inside
     a2, r2 = dev.allocated(), dev.reserved()
     dev.cleanup()
     a3, r3 = dev.allocated(), dev.reserved()
-for label, a, r in (("start", a0, r0), ("32 x 8 MiB", a1, r1), ("del", a2, r2), ("empty_cache()", a3, r3)):
-    print(f"{label:<14} allocated {format_bytes(a - a0):>10}  reserved {format_bytes(r - r0):>10}")
+for label, a, r in ((tr("start"), a0, r0), ("32 x 8 MiB", a1, r1), ("del", a2, r2), ("empty_cache()", a3, r3)):
+    print(f"{label:<14} " + tr("allocated {allocated:>10}  reserved {reserved:>10}",
+                               allocated=format_bytes(a - a0), reserved=format_bytes(r - r0)))
 assert a1 - a0 >= 256 * MiB and a2 - a0 < MiB  # allocated falls at del...
 assert r2 - r0 >= 256 * MiB  # ...reserved does not: freed, but still PyTorch's
 assert r3 - r0 < 8 * MiB  # returned to the driver
@@ -211,11 +215,14 @@ gc.collect()
 r2 = rss()
 trimmed = ramplan.release_free_heap()
 r3 = rss()
-print(f"200,000 small tensors: RSS +{(r1 - r0) / MiB:.0f} MiB")
-print(f"after del:             RSS +{(r2 - r0) / MiB:.0f} MiB  (fell by {max(r1 - r2, 0) / MiB:.0f} MiB; "
-      f"{guess(prediction_rss_drop_after_del_mib)})")
-print(f"after malloc_trim:     RSS +{(r3 - r0) / MiB:.0f} MiB  (fell by {max(r2 - r3, 0) / MiB:.0f} MiB more; "
-      f"{guess(prediction_rss_drop_after_trim_mib)})")
+labels = [tr("200,000 small tensors:"), tr("after del:"), tr("after malloc_trim:")]
+w = max(23, *(len(label) + 1 for label in labels))  # the labels' column, wide enough for the words
+print(f"{labels[0]:<{w}}RSS +{(r1 - r0) / MiB:.0f} MiB")
+print(f"{labels[1]:<{w}}RSS +{(r2 - r0) / MiB:.0f} MiB  "
+      + tr("(fell by {mib:.0f} MiB; {guess})", mib=max(r1 - r2, 0) / MiB, guess=guess(prediction_rss_drop_after_del_mib)))
+print(f"{labels[2]:<{w}}RSS +{(r3 - r0) / MiB:.0f} MiB  "
+      + tr("(fell by {mib:.0f} MiB more; {guess})", mib=max(r2 - r3, 0) / MiB,
+           guess=guess(prediction_rss_drop_after_trim_mib)))
 del survivors
 
 # %% [markdown]
@@ -264,11 +271,13 @@ with card:
     except torch.OutOfMemoryError as e:
         frag_error = e.with_traceback(None)
     del keep
-print(f"allocated 6.00 MiB, reserved {format_bytes(after_empty)} after empty_cache(): "
-      f"{format_bytes(cached)} cached, in pieces of 18 MiB")
-print(f"30 MiB fits: {frag_error is None} ({guess(prediction_30mib_fits)}); empty_cache() released "
-      f"{format_bytes(card.max_reserved - after_empty)} ({guess(prediction_empty_cache_helps)})")
-print(str(frag_error).split("This device is")[0] if frag_error else "")
+print(tr("allocated 6.00 MiB, reserved {reserved} after empty_cache(): ", reserved=format_bytes(after_empty))
+      + tr("{cached} cached, in pieces of 18 MiB", cached=format_bytes(cached)))
+print(tr("30 MiB fits: {fits} ({guess}); ", fits=frag_error is None, guess=guess(prediction_30mib_fits))
+      + tr("empty_cache() released {released} ({guess})", released=format_bytes(card.max_reserved - after_empty),
+           guess=guess(prediction_empty_cache_helps)))
+if frag_error:  # vramlab's reading of the error's message: its figures and the first thing to try
+    print("\n".join(vramlab.explain_oom(frag_error).text().splitlines()[:8]))
 
 
 def fifty_then_forty_then_56(conf: str) -> bool:
@@ -289,13 +298,14 @@ def fifty_then_forty_then_56(conf: str) -> bool:
 
 fixed_fits = fifty_then_forty_then_56("")
 expandable_fits = fifty_then_forty_then_56("expandable_segments:True")
-print(f"fixed segments: 56 MiB fits {fixed_fits}; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: {expandable_fits}")
+print(tr("fixed segments: 56 MiB fits {fixed}; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: {expandable}",
+         fixed=fixed_fits, expandable=expandable_fits))
 
 # %% [markdown]
-# The message says it: most of the memory is "reserved by PyTorch but unallocated", and it
-# suggests `expandable_segments:True`. `empty_cache()` cannot help, because every segment still
-# holds a live 2 MiB tensor; before it reports the OOM the allocator already released every
-# segment it could. With **expandable segments** (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`,
+# The error's message says it (vramlab's explanation above reads it from there): most of the
+# memory is "reserved by PyTorch but unallocated", and it suggests `expandable_segments:True`.
+# `empty_cache()` cannot help, because every segment still holds a live 2 MiB tensor; before it
+# reports the OOM the allocator already released every segment it could. With **expandable segments** (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`,
 # set before torch starts) a segment grows by pages instead, so memory stranded at a segment's end
 # can be mapped again: the second program fits with it and not without. On a real card
 # `nvidia-smi` shows the reserved figure plus the CUDA context, whatever `memory_allocated()` says.

@@ -22,6 +22,7 @@ from torch import nn
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import tr
 from vramlab.lessons import anatomy, finetune
 from vramlab.lessons.predict import guess
 from vramlab.lessons.models import GPT, gpt_config
@@ -81,14 +82,15 @@ print(an.text())
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.2))
 an.plot(ax)
-ax.set_title(f"GPT, {an.parameters / 1e6:.1f} M parameters, batch {batch_size} x {seq} tokens")
+ax.set_title(tr("GPT, {m:.1f} M parameters, batch {b} x {seq} tokens", m=an.parameters / 1e6, b=batch_size, seq=seq))
 fig.tight_layout()
 
 # %%
 second = [p for p in an.phases if p.step == 2]
 peak_phase = max(second, key=lambda p: p.peak)
-print(f"the peak: {guess(prediction_peak_phase, repr)}; measured: '{peak_phase.name}', "
-      f"{format_bytes(peak_phase.peak)}")
+# the phase's English name is the answer; a guess in either language is judged against it
+print(tr("the peak: {guess}; measured: '{phase}', {peak}", guess=guess(prediction_peak_phase, repr, answer=peak_phase.name),
+         phase=tr(peak_phase.name), peak=format_bytes(peak_phase.peak)))
 
 # %% [markdown]
 # Read the bars left to right:
@@ -135,7 +137,9 @@ prediction_autocast_copy_bytes = None  # your guess, bytes per parameter
 
 # %%
 bpp = an.bytes_per_parameter()
-print("fp32 AdamW, measured on the GPT above: " + ", ".join(f"{k} {v:.2f}" for k, v in bpp.items()))
+part_names = {"weights": tr("weights"), "gradients": tr("gradients"), "optimizer_state": tr("optimizer_state"),
+              "total": tr("total")}
+print(tr("fp32 AdamW, measured on the GPT above: ") + ", ".join(f"{part_names[k]} {v:.2f}" for k, v in bpp.items()))
 
 # the autocast copies: the same forward with and without autocast, on a model where the weights
 # dwarf the activations (a batch of 2), so that the difference is the weight copies
@@ -151,24 +155,26 @@ copies = (fwd["autocast bf16"][0] - fwd["fp32"][0]) / n_mlp
 kept = (fwd["autocast bf16"][1] - fwd["fp32"][1]) / n_mlp
 amp_total = 16 + copies
 formula = {p: finetune.training_bytes_per_parameter("adamw", p)["total"] for p in ("fp32", "amp", "bf16")}
-print(f"autocast's weight copies: {copies:.2f} bytes per parameter during the forward "
-      f"({guess(prediction_autocast_copy_bytes)}); {kept:.2f} still held for backward after it")
-print(f"fp32 Adam: measured {bpp['total']:.2f}, formula {formula['fp32']:g};  "
-      f"autocast Adam: 16 + the measured copies {copies:.2f} = {amp_total:.2f}, formula {formula['amp']:g};  "
-      f"pure bf16 Adam: formula {formula['bf16']:g} (see below: it loses small updates)")
+print(tr("autocast's weight copies: {copies:.2f} bytes per parameter during the forward ({guess}); ",
+         copies=copies, guess=guess(prediction_autocast_copy_bytes))
+      + tr("{kept:.2f} still held for backward after it", kept=kept))
+print(tr("fp32 Adam: measured {measured:.2f}, formula {formula:g};  ", measured=bpp["total"], formula=formula["fp32"])
+      + tr("autocast Adam: 16 + the measured copies {copies:.2f} = {total:.2f}, formula {formula:g};  ",
+           copies=copies, total=amp_total, formula=formula["amp"])
+      + tr("pure bf16 Adam: formula {formula:g} (see below: it loses small updates)", formula=formula["bf16"]))
 del mlp, x
 dev.cleanup()
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 2.6))
-labels = ["weights", "gradients", "optimizer_state"]
+labels = {"weights": tr("weights"), "gradients": tr("gradients"), "optimizer_state": tr("optimizer state")}
 left = 0.0
 for k, c in zip(labels, ("#4e79a7", "#f28e2b", "#59a14f")):
-    ax.barh(["fp32 Adam", "autocast Adam"], [bpp[k], bpp[k]], left=[left, left], color=c, label=k.replace("_", " "))
+    ax.barh(["fp32 Adam", "autocast Adam"], [bpp[k], bpp[k]], left=[left, left], color=c, label=labels[k])
     left += bpp[k]
-ax.barh(["autocast Adam"], [copies], left=[left], color="#b07aa1", label="bf16 weight copies")
-ax.set_xlabel("bytes per parameter")
-ax.set_title("bytes per parameter, fp32 and autocast")
+ax.barh(["autocast Adam"], [copies], left=[left], color="#b07aa1", label=tr("bf16 weight copies"))
+ax.set_xlabel(tr("bytes per parameter"))
+ax.set_title(tr("bytes per parameter, fp32 and autocast"))
 ax.legend(fontsize=7, loc="lower right")
 fig.tight_layout()
 
@@ -213,9 +219,10 @@ est = vramlab.estimate(build_model, lambda b: make_batch(b, device="cpu"), batch
 measured = an.peak
 napkin = 16 * an.parameters
 print(est.text())
-print(f"\nmeasured peak {format_bytes(measured)}; estimate {format_bytes(est.peak)} "
-      f"({100 * (est.peak - measured) / measured:+.1f}%); napkin 16 x N = {format_bytes(napkin)} "
-      f"({100 * (napkin - measured) / measured:+.0f}%; {guess(prediction_napkin_shortfall_pct, '-{}%')})")
+print("\n" + tr("measured peak {measured}; estimate {estimate} ({off:+.1f}%); ", measured=format_bytes(measured),
+                estimate=format_bytes(est.peak), off=100 * (est.peak - measured) / measured)
+      + tr("napkin 16 x N = {napkin} ({off:+.0f}%; {guess})", napkin=format_bytes(napkin),
+           off=100 * (napkin - measured) / measured, guess=guess(prediction_napkin_shortfall_pct, "-{}%")))
 
 # %% [markdown]
 # On the virtual GPU the estimate matches because it counts the same allocations in the same way:
@@ -253,8 +260,10 @@ an_short = anatomy.trace_step(dev, model, lambda: make_batch(1), opt, loss_fn=lm
 seq = seq_kept
 top = max((p for p in an_short.phases if p.step == 2), key=lambda p: p.peak)
 state = sum(an_short.phase("optimizer step", 2).parts[k] for k in ("parameters", "gradients", "optimizer_state"))
-print(f"1. batch 1 x 32 tokens: peak {format_bytes(an_short.peak)} (was {format_bytes(an.peak)}), in '{top.name}'; "
-      f"weights + gradients + state {format_bytes(state)}; napkin 16 x N = {format_bytes(16 * an_short.parameters)}")
+print(tr("1. batch 1 x 32 tokens: peak {peak} (was {was}), in '{phase}'; ", peak=format_bytes(an_short.peak),
+         was=format_bytes(an.peak), phase=tr(top.name))
+      + tr("weights + gradients + state {state}; napkin 16 x N = {napkin}", state=format_bytes(state),
+           napkin=format_bytes(16 * an_short.parameters)))
 del model, opt
 dev.cleanup()
 

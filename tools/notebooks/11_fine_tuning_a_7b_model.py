@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import N_, tr
 from vramlab.lessons import finetune
 from vramlab.lessons.models import GPT
 from vramlab.lessons.predict import guess
@@ -78,41 +79,44 @@ def big_batch(b: int):
 
 
 configs = {  # name: (build, precision, optimizer)
-    "full fp32, AdamW": (lambda: GPT(**big), "32-true", lambda ps: torch.optim.AdamW(ps, foreach=True)),
-    "full bf16-mixed, AdamW": (lambda: GPT(**big), "bf16-mixed", lambda ps: torch.optim.AdamW(ps, foreach=True)),
-    "full bf16, AdamW": (lambda: GPT(**big), "bf16-true", lambda ps: torch.optim.AdamW(ps, foreach=True)),
-    "bf16 + 8-bit state": (lambda: GPT(**big), "bf16-true", lambda ps: finetune.Int8StateAdamW(ps)),
-    "frozen base + LoRA": (lambda: finetune.add_lora(GPT(**big), rank=16), "bf16-true",
-                           lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    N_("full fp32, AdamW"): (lambda: GPT(**big), "32-true", lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    N_("full bf16-mixed, AdamW"): (lambda: GPT(**big), "bf16-mixed", lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    N_("full bf16, AdamW"): (lambda: GPT(**big), "bf16-true", lambda ps: torch.optim.AdamW(ps, foreach=True)),
+    N_("bf16 + 8-bit state"): (lambda: GPT(**big), "bf16-true", lambda ps: finetune.Int8StateAdamW(ps)),
+    N_("frozen base + LoRA"): (lambda: finetune.add_lora(GPT(**big), rank=16), "bf16-true",
+                               lambda ps: torch.optim.AdamW(ps, foreach=True)),
 }
+recipe_names = {k: tr(k) for k in configs}  # the names as printed; the keys stay English
+wn = max(24, *(len(v) + 1 for v in recipe_names.values()))  # the width of the names' column
 presets = [get_preset(p) for p in ("T4", "A100-80GB", "H100-80GB", "H200-141GB")]
 results = {}
 for name, (build, precision, optim) in configs.items():
     results[name] = vramlab.estimate(build, big_batch, batch_size=1, optimizer=optim, precision=precision,
                                      loss_fn=lm_loss_fp32, device="A100-80GB")
 n7 = results["full fp32, AdamW"].parameters
-print(f"{n7 / 1e9:.2f} B parameters; usable: "
-      + ", ".join(f"{p.name} {format_bytes(p.usable)} (datasheet {p.datasheet_memory // GiB} GB)" for p in presets) + "\n")
-print("at the peak:")
-print(f"{'':<24}{'reserved':>11}{'peak':>11}{'weights':>10}{'grads':>10}{'opt state':>11}{'activ.':>9}   "
-      + "".join(f"{p.name:>11}" for p in presets))
+print(tr("{n:.2f} B parameters; usable: ", n=n7 / 1e9)
+      + ", ".join(tr("{card} {usable} (datasheet {gb} GB)", card=p.name, usable=format_bytes(p.usable),
+                     gb=p.datasheet_memory // GiB) for p in presets) + "\n")
+print(tr("at the peak:"))
+print(f"{'':<{wn}}{tr('reserved'):>11}{tr('peak'):>11}{tr('weights'):>10}{tr('grads'):>10}{tr('opt state'):>11}"
+      f"{tr('activ.'):>9}   " + "".join(f"{p.name:>11}" for p in presets))
 fits = {}
 for name, e in results.items():
     b = e.breakdown
     fits[name] = {p.name: e.needed <= p.usable for p in presets}  # a card runs out on reserved memory
-    print(f"{name:<24}{e.needed / GiB:>8.1f} GiB{e.peak / GiB:>7.1f} GiB{b['parameters'] / GiB:>7.1f} G{b['gradients'] / GiB:>7.1f} G"
-          f"{b['optimizer_state'] / GiB:>8.1f} G{(b['activations'] + b['other']) / GiB:>6.1f} G   "
-          + "".join(f"{'fits' if fits[name][p.name] else '—':>11}" for p in presets))
+    print(f"{recipe_names[name]:<{wn}}{e.needed / GiB:>8.1f} GiB{e.peak / GiB:>7.1f} GiB{b['parameters'] / GiB:>7.1f} G"
+          f"{b['gradients'] / GiB:>7.1f} G{b['optimizer_state'] / GiB:>8.1f} G{(b['activations'] + b['other']) / GiB:>6.1f} G   "
+          + "".join(f"{tr('fits') if fits[name][p.name] else '—':>11}" for p in presets))
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 2.8))
 names = list(results)
-ax.barh(names, [results[k].needed / GiB for k in names], color="#4e79a7")
+ax.barh([recipe_names[k] for k in names], [results[k].needed / GiB for k in names], color="#4e79a7")
 for p, c in zip(presets, ("#e15759", "#59a14f", "#76b7b2", "#f28e2b")):
-    ax.axvline(p.usable / GiB, color=c, ls="--", label=f"{p.name} usable")
+    ax.axvline(p.usable / GiB, color=c, ls="--", label=tr("{card} usable", card=p.name))
 ax.invert_yaxis()
-ax.set_xlabel("estimated peak reserved by the caching allocator (GiB)")
-ax.set_title("the 7B fine-tune, by recipe, against each card")
+ax.set_xlabel(tr("estimated peak reserved by the caching allocator (GiB)"))
+ax.set_title(tr("the 7B fine-tune, by recipe, against each card"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -130,23 +134,35 @@ per_param = {  # model states by the bytes-per-parameter count (lesson 10): weig
 counted = {k: (v["total"] - v["autocast_copies"]) * n7 for k, v in per_param.items()}  # copies die in backward
 counted["frozen base + LoRA"] = (finetune.training_bytes_per_parameter("adamw", "bf16", trainable=False)["total"]
                                  * n7 + finetune.training_bytes_per_parameter("adamw", "bf16")["total"] * adapters)
-print("model states when the optimizer step ends, against the bytes-per-parameter count:")
+print(tr("model states when the optimizer step ends, against the bytes-per-parameter count:"))
 for name, e in results.items():
-    print(f"{name:<24}{format_bytes(e.model_states_total):>11}  count {format_bytes(counted[name]):>11}  "
-          f"x{e.model_states_total / counted[name]:.3f}")
+    print(f"{recipe_names[name]:<{wn}}{format_bytes(e.model_states_total):>11}  "
+          + tr("count {count:>11}", count=format_bytes(counted[name])) + f"  x{e.model_states_total / counted[name]:.3f}")
 print()
 for name, e in results.items():
     on = [p.name for p in presets if fits[name][p.name]]
-    print(f"{name:<24} reserved {format_bytes(e.needed):>10}: fits {', '.join(on) if on else 'none of the four'}")
+    print(f"{recipe_names[name]:<{wn}} " + tr("reserved {reserved:>10}: fits {cards}", reserved=format_bytes(e.needed),
+                                            cards=", ".join(on) if on else tr("none of the four")))
+
+
+def verdict(ok: bool) -> str:
+    return tr("fits") if ok else tr("does not fit")
+
+
 margin = t4.usable - lora.needed
 low, high = 300 * MiB, 600 * MiB  # the range assumed for a CUDA context (vramlab.sim.presets)
-print(f"\nLoRA on the T4: reserved at the peak {format_bytes(lora.needed)} against {format_bytes(t4.usable)} usable, "
-      f"{'room of ' + format_bytes(margin) if margin >= 0 else 'short by ' + format_bytes(-margin)}; "
-      f"with a context of {format_bytes(low)} it {'fits' if lora.needed <= t4.memory - low else 'does not fit'}, "
-      f"with {format_bytes(high)} it {'fits' if lora.needed <= t4.memory - high else 'does not fit'}")
-print(f"predicted to fit 80 GB: {guess(prediction_fits_80gb)}; estimated: {[k for k in fits if fits[k]['A100-80GB']]}")
-print(f"predicted to fit a T4: {guess(prediction_fits_t4)}; estimated: {[k for k in fits if fits[k]['T4']]}")
-print(f"predicted to fit the H200: {guess(prediction_fits_h200)}; estimated: {[k for k in fits if fits[k]['H200-141GB']]}")
+room = tr("room of {size}", size=format_bytes(margin)) if margin >= 0 else tr("short by {size}", size=format_bytes(-margin))
+print("\n" + tr("LoRA on the T4: reserved at the peak {needed} against {usable} usable, {room}; ",
+                needed=format_bytes(lora.needed), usable=format_bytes(t4.usable), room=room)
+      + tr("with a context of {low} it {low_verdict}, with {high} it {high_verdict}",
+           low=format_bytes(low), low_verdict=verdict(lora.needed <= t4.memory - low),
+           high=format_bytes(high), high_verdict=verdict(lora.needed <= t4.memory - high)))
+print(tr("predicted to fit 80 GB: {guess}; estimated: {fit}", guess=guess(prediction_fits_80gb),
+         fit=[recipe_names[k] for k in fits if fits[k]["A100-80GB"]]))
+print(tr("predicted to fit a T4: {guess}; estimated: {fit}", guess=guess(prediction_fits_t4),
+         fit=[recipe_names[k] for k in fits if fits[k]["T4"]]))
+print(tr("predicted to fit the H200: {guess}; estimated: {fit}", guess=guess(prediction_fits_h200),
+         fit=[recipe_names[k] for k in fits if fits[k]["H200-141GB"]]))
 
 # %% [markdown]
 # Read the verdicts above from the numbers, not from the card's name:
@@ -204,16 +220,20 @@ assert mixed.model_states == full32.model_states and mixed.peak >= full32.peak  
 # solution 1: bytes per parameter of fp32 SGD with momentum, for the 7B model
 sgd = finetune.training_bytes_per_parameter("sgd-momentum", "fp32")
 a100 = presets[1]
-print(f"1. fp32 SGD-momentum: {sgd['total']:.0f} bytes per parameter, {format_bytes(sgd['total'] * n7)} for "
-      f"{n7 / 1e9:.2f} B parameters; {a100.name} usable {format_bytes(a100.usable)}: "
-      f"{'fits, with ' + format_bytes(a100.usable - sgd['total'] * n7) + ' left' if sgd['total'] * n7 <= a100.usable else 'does not fit'} "
-      "for activations and temporaries")
+sgd_bytes = sgd["total"] * n7
+print(tr("1. fp32 SGD-momentum: {bpp:.0f} bytes per parameter, {total} for {n:.2f} B parameters; ",
+         bpp=sgd["total"], total=format_bytes(sgd_bytes), n=n7 / 1e9)
+      + tr("{card} usable {usable}: {verdict} for activations and temporaries", card=a100.name,
+           usable=format_bytes(a100.usable),
+           verdict=(tr("fits, with {left} left", left=format_bytes(a100.usable - sgd_bytes))
+                    if sgd_bytes <= a100.usable else tr("does not fit"))))
 
 # solution 2: the LoRA step with 4 sequences of 512 tokens
 build_lora, _, optim_lora = configs["frozen base + LoRA"]
 lora4 = vramlab.estimate(build_lora, big_batch, batch_size=4, optimizer=optim_lora, precision="bf16-true",
                          loss_fn=lm_loss_fp32, device="T4")
-print(f"2. LoRA, 4 sequences: reserved at the peak {format_bytes(lora4.needed)} against the T4's "
-      f"{format_bytes(t4.usable)} usable "
-      f"({'fits' if lora4.needed <= t4.usable else 'short by ' + format_bytes(lora4.needed - t4.usable)}); "
-      f"activations grow by {format_bytes((lora4.peak - lora.peak) / 3)} per sequence")
+print(tr("2. LoRA, 4 sequences: reserved at the peak {needed} against the T4's {usable} usable ({verdict}); ",
+         needed=format_bytes(lora4.needed), usable=format_bytes(t4.usable),
+         verdict=(tr("fits") if lora4.needed <= t4.usable
+                  else tr("short by {size}", size=format_bytes(lora4.needed - t4.usable))))
+      + tr("activations grow by {size} per sequence", size=format_bytes((lora4.peak - lora.peak) / 3)))

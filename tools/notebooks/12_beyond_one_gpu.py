@@ -33,6 +33,7 @@ import torch
 
 import vramlab
 from vramlab import format_bytes
+from vramlab.i18n import N_, tr
 from vramlab.lessons import models
 from vramlab.lessons.multigpu import communication_per_step_many, ring_bytes_sent
 from vramlab.lessons.predict import guess
@@ -47,7 +48,8 @@ gpt = functools.partial(models.make_gpt, "tiny", seq=64)
 build, make_batch, loss_fn = gpt()
 n_params = sum(p.numel() for p in build().parameters())
 batch_per_rank = 4
-print(f"GPT: {n_params:,} parameters ({format_bytes(4 * n_params)} in fp32); batch {batch_per_rank} x 64 tokens per rank")
+print(tr("GPT: {n:,} parameters ({size} in fp32); batch {b} x 64 tokens per rank", n=n_params,
+         size=format_bytes(4 * n_params), b=batch_per_rank))
 
 # %% [markdown]
 # ## 1. DDP: what each rank holds
@@ -71,11 +73,11 @@ for n in (2, 4):
         measured[s, n] = ranks
 one = vramlab.estimate(build, make_batch, batch_size=batch_per_rank, optimizer="adam", loss_fn=loss_fn)
 ddp2, ddp4 = (max(r.peak for r in measured["ddp", n]) for n in (2, 4))
-print(f"one process, no DDP (estimate): peak {format_bytes(one.peak)}")
+print(tr("one process, no DDP (estimate): peak {peak}", peak=format_bytes(one.peak)))
 for n in (2, 4):
-    print(f"DDP on {n} ranks, measured: " + ", ".join(format_bytes(r.peak) for r in measured["ddp", n]))
-print(f"4 ranks against 2: x{ddp4 / ddp2:.2f} ({guess(prediction_ddp_4_over_2, 'x{}')}); "
-      f"DDP adds {format_bytes(ddp2 - one.peak)} to a rank over one process: the gradient buckets")
+    print(tr("DDP on {n} ranks, measured: ", n=n) + ", ".join(format_bytes(r.peak) for r in measured["ddp", n]))
+print(tr("4 ranks against 2: x{ratio:.2f} ({guess}); ", ratio=ddp4 / ddp2, guess=guess(prediction_ddp_4_over_2, "x{}"))
+      + tr("DDP adds {size} to a rank over one process: the gradient buckets", size=format_bytes(ddp2 - one.peak)))
 
 # %% [markdown]
 # Each rank's memory does not depend on how many ranks there are: every rank holds the whole
@@ -113,27 +115,29 @@ prediction_fsdp_over_ddp = None  # your guess: FSDP's rank peak / DDP's, at 4 ra
 # %%
 estimated = {(s, n): vramlab.estimate(build, make_batch, batch_size=batch_per_rank, optimizer="adam", loss_fn=loss_fn,
                                       world_size=n, strategy=s) for s in strategies for n in (2, 4)}
-print(f"{'strategy':<8}{'ranks':>6}{'measured (busiest rank)':>26}{'estimate':>12}{'error':>8}{'of DDP':>8}")
+ws, wm = max(8, len(tr("strategy"))), max(26, len(tr("measured (busiest rank)")) + 2)  # wide enough for the words
+print(f"{tr('strategy'):<{ws}}{tr('ranks'):>6}{tr('measured (busiest rank)'):>{wm}}{tr('estimate'):>12}{tr('error'):>8}"
+      f"{tr('of DDP'):>8}")
 errors = {}
 for s in strategies:
     for n in (2, 4):
         m = max(r.peak for r in measured[s, n])
         e = estimated[s, n].peak
         errors[s, n] = e / m - 1
-        print(f"{s:<8}{n:>6}{format_bytes(m):>26}{format_bytes(e):>12}{100 * errors[s, n]:>+7.1f}%"
+        print(f"{s:<{ws}}{n:>6}{format_bytes(m):>{wm}}{format_bytes(e):>12}{100 * errors[s, n]:>+7.1f}%"
               f"{m / max(r.peak for r in measured['ddp', n]):>8.2f}")
 peak4 = {s: max(r.peak for r in measured[s, 4]) for s in strategies}
 lowest = min(peak4, key=peak4.get)
-print(f"lowest at 4 ranks: {lowest} ({guess(prediction_lowest)}); FSDP / DDP = {peak4['fsdp'] / peak4['ddp']:.2f} "
-      f"({guess(prediction_fsdp_over_ddp)})")
+print(tr("lowest at 4 ranks: {lowest} ({guess}); ", lowest=lowest, guess=guess(prediction_lowest, answer=lowest))
+      + tr("FSDP / DDP = {ratio:.2f} ({guess})", ratio=peak4["fsdp"] / peak4["ddp"], guess=guess(prediction_fsdp_over_ddp)))
 
 fig, ax = plt.subplots(figsize=(6, 2.8))
 for i, n in enumerate((2, 4)):
     ax.bar([j + 0.4 * i for j in range(len(strategies))], [max(r.peak for r in measured[s, n]) / MiB for s in strategies],
-           width=0.4, label=f"{n} ranks")
+           width=0.4, label=tr("{n} ranks", n=n))
 ax.set_xticks([j + 0.2 for j in range(len(strategies))], strategies)
-ax.set_ylabel("peak per rank (MiB)")
-ax.set_title("measured on real ranks, by strategy")
+ax.set_ylabel(tr("peak per rank (MiB)"))
+ax.set_title(tr("measured on real ranks, by strategy"))
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -171,12 +175,14 @@ prediction_fsdp_traffic = None  # your guess: FSDP's bytes sent / DDP's
 comm = communication_per_step_many(gpt, world_size=2, batch_size=batch_per_rank)
 param_bytes = comm["ddp"][0].parameter_bytes
 sent = {s: sum(ring_bytes_sent(c.payload, 2) for c in counts) / len(counts) for s, counts in comm.items()}
-print(f"parameters: {format_bytes(param_bytes)}; per step, 2 ranks (rank 0's collectives; sent: the ranks' mean):")
+print(tr("parameters: {size}; per step, 2 ranks (rank 0's collectives; sent: the ranks' mean):",
+         size=format_bytes(param_bytes)))
 for s, counts in comm.items():
     c = counts[0]
-    kinds = ", ".join(f"{k} {format_bytes(v)} ({c.calls[k]} calls)" for k, v in c.payload.items())
-    print(f"  {s:<6} {kinds}; sent under the ring algorithm: {format_bytes(sent[s])} "
-          f"(x{sent[s] / sent['ddp']:.2f} DDP's)")
+    kinds = ", ".join(tr("{kind} {size} ({calls} calls)", kind=k, size=format_bytes(v), calls=c.calls[k])
+                      for k, v in c.payload.items())
+    print(f"  {s:<6} {kinds}; " + tr("sent under the ring algorithm: {sent} (x{ratio:.2f} DDP's)",
+                                     sent=format_bytes(sent[s]), ratio=sent[s] / sent["ddp"]))
 print(f"FSDP / DDP: x{sent['fsdp'] / sent['ddp']:.2f} ({guess(prediction_fsdp_traffic, 'x{}')})")
 
 # %% [markdown]
@@ -232,14 +238,16 @@ seven = {s: vramlab.estimate(build_7b, batch_7b, batch_size=1, optimizer="adam",
 psi, n_ranks = seven["ddp"].parameters, 8
 paper = {"ddp": 16 * psi, "zero1": 4 * psi + 12 * psi / n_ranks, "zero2": 2 * psi + 14 * psi / n_ranks,
          "fsdp": 16 * psi / n_ranks}  # the ZeRO paper's model states per rank (Rajbhandari et al. 2020, Fig. 1)
-print(f"{psi / 1e9:.2f} B parameters, bf16-mixed, 8 ranks; model states when the optimizer step ends:")
+print(tr("{n:.2f} B parameters, bf16-mixed, 8 ranks; model states when the optimizer step ends:", n=psi / 1e9))
 for s, e in seven.items():
-    print(f"{s:<6} model states {format_bytes(e.model_states_total):>11} (paper's formula {format_bytes(paper[s]):>11}, "
-          f"x{e.model_states_total / paper[s]:.2f}); rank peak {format_bytes(e.peak):>11}, reserved "
-          f"{format_bytes(e.needed):>11} of {format_bytes(h100.usable)} usable: "
-          f"{'fits' if e.needed <= h100.usable else 'does not fit'}")
+    print(f"{s:<6} " + tr("model states {states:>11} (paper's formula {formula:>11}, x{ratio:.2f}); ",
+                          states=format_bytes(e.model_states_total), formula=format_bytes(paper[s]),
+                          ratio=e.model_states_total / paper[s])
+          + tr("rank peak {peak:>11}, reserved {needed:>11} of {usable} usable: {verdict}", peak=format_bytes(e.peak),
+               needed=format_bytes(e.needed), usable=format_bytes(h100.usable),
+               verdict=tr("fits") if e.needed <= h100.usable else tr("does not fit")))
 fit_8 = [s for s, e in seven.items() if e.needed <= h100.usable]  # a card runs out on reserved memory
-print(f"fit: {fit_8} ({guess(prediction_fit_8xh100)})")
+print(tr("fit: {fit} ({guess})", fit=fit_8, guess=guess(prediction_fit_8xh100)))
 
 # %% [markdown]
 # Sharding turns "does not fit any card" into "fits with room": the 16 bytes per parameter that
@@ -291,14 +299,17 @@ during = vramlab.snapshot(uss=True).host
 workers = during.children_count - before.children_count
 added_rss = during.children_rss - before.children_rss
 added_uss = during.children_uss - before.children_uss
-print(f"{batches} batches; the kernel's children: {before.children_count} before the loader (helpers that the "
-      f"ranks of the sections above left, such as multiprocessing's resource tracker), {during.children_count} with it")
-print(f"the {workers} workers add: RSS summed {format_bytes(added_rss)}, USS summed {format_bytes(added_uss)} "
-      f"({guess(prediction_workers_uss)})")
-print(f"the kernel itself: RSS {format_bytes(during.process_rss)}")
+closer_to = N_("about zero") if added_uss < added_rss - added_uss else N_("about their RSS")  # which one the USS is closer to
+print(tr("{batches} batches; the kernel's children: {before} before the loader", batches=batches,
+         before=before.children_count)
+      + " " + tr("(helpers that the ranks of the sections above left, such as multiprocessing's resource tracker)")
+      + tr(", {during} with it", during=during.children_count))
+print(tr("the {workers} workers add: RSS summed {rss}, USS summed {uss} ({guess})", workers=workers,
+         rss=format_bytes(added_rss), uss=format_bytes(added_uss), guess=guess(prediction_workers_uss, answer=closer_to)))
+print(tr("the kernel itself: RSS {rss}", rss=format_bytes(during.process_rss)))
 del loader  # ends the workers
 after = vramlab.snapshot().host
-print(f"after the loader is gone: {after.children_count} children")
+print(tr("after the loader is gone: {n} children", n=after.children_count))
 
 # %% [markdown]
 # The workers' RSS counts the kernel's shared pages once per worker, and looks like several copies
@@ -347,11 +358,14 @@ assert after.children_count <= before.children_count  # the workers are gone wit
 # solution 1: ZeRO-1's ranks at 4 ranks
 zero1_4 = [r.peak for r in measured["zero1", 4]]
 busiest = max(range(4), key=lambda r: zero1_4[r])
-print("1. ZeRO-1, 4 ranks: " + ", ".join(format_bytes(p) for p in zero1_4)
-      + f"; the busiest, rank {busiest}, holds {format_bytes(max(zero1_4) - min(zero1_4))} more than the least busy")
+print(tr("1. ZeRO-1, 4 ranks: ") + ", ".join(format_bytes(p) for p in zero1_4)
+      + tr("; the busiest, rank {rank}, holds {more} more than the least busy", rank=busiest,
+           more=format_bytes(max(zero1_4) - min(zero1_4))))
 
 # solution 2: FSDP on 4 x H100 instead of 8
 fsdp4 = vramlab.estimate(build_7b, batch_7b, batch_size=1, optimizer="adam", loss_fn=loss_7b, world_size=4,
                          strategy="fsdp", precision="bf16-mixed", device="H100-80GB")
-print(f"2. FSDP on 4 ranks: {format_bytes(fsdp4.peak)} (8 ranks: {format_bytes(seven['fsdp'].peak)}); "
-      f"{'fits' if fsdp4.peak <= h100.usable else 'does not fit'} the H100's {format_bytes(h100.usable)}")
+print(tr("2. FSDP on 4 ranks: {peak} (8 ranks: {peak8}); ", peak=format_bytes(fsdp4.peak),
+         peak8=format_bytes(seven["fsdp"].peak))
+      + tr("{verdict} the H100's {usable}", verdict=tr("fits") if fsdp4.peak <= h100.usable else tr("does not fit"),
+           usable=format_bytes(h100.usable)))

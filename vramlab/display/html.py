@@ -12,7 +12,7 @@ import datetime as _dt
 import html as _html
 from typing import Optional
 
-from ..i18n import tr_note
+from ..i18n import tr, tr_note
 from ..model import CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
 from .text import children_extra, device_labels, host_labels, oom_text, unreadable_text, virtual_smi_text
@@ -79,30 +79,32 @@ def _used_fraction(layers: tuple[tuple[str, int], ...], free_keys: tuple[str, ..
 
 def snapshot_html(s: Snapshot) -> str:
     """Render ``s`` as a self-contained HTML table."""
-    when = _html.escape(_dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S"))
+    when = _dt.datetime.fromtimestamp(s.time).strftime("%Y-%m-%d %H:%M:%S")
     td = 'style="padding:3px 8px;text-align:left;vertical-align:top"'
     rows = []
     h = s.host
     warn = _used_fraction(h.layers, ("available",)) >= _WARN
-    peak = format_bytes(h.process_peak) + ("" if h.peak_exact else " (lifetime)")
+    peak = format_bytes(h.process_peak) + ("" if h.peak_exact else " " + tr("(lifetime)"))
     swap = (f"swap {format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}" if h.swap_total
-            else "no swap")
+            else _html.escape(tr("no swap")))
     kids = f" · {_html.escape(host_labels()['children'])}: {_html.escape(children_extra(h))}" if h.children_count else ""
+    source = tr("physical RAM") if h.limit_source == "physical RAM" else h.limit_source
     rows.append(
-        f"{_TR}<td {td}><b>host</b><br><small>limit {format_bytes(h.limit)}<br>{_html.escape(h.limit_source)}</small></td>"
+        f"{_TR}<td {td}><b>host</b><br><small>{_html.escape(tr('limit {limit}', limit=format_bytes(h.limit)))}"
+        f"<br>{_html.escape(source)}</small></td>"
         f"<td {td}>{html_bar(h.layers, host_labels())}"
         f'<div style="font-size:90%;margin-top:3px">'
         f'{_legend(h.layers, host_labels(), h.limit, ("out_of_reach", "children"))}</div>'
-        f'<div style="font-size:90%">peak RSS {peak} · {swap}{kids}'
-        + (' · <b style="color:#e15759">≥ 90% of the limit</b>' if warn else "")
+        f'<div style="font-size:90%">{_html.escape(tr("peak RSS {peak}", peak=peak))} · {swap}{kids}'
+        + (f' · <b style="color:#e15759">{_html.escape(tr("≥ 90% of the limit"))}</b>' if warn else "")
         + "</div></td></tr>"
     )
     for d in s.devices:
         title = f"<b>{_html.escape(d.id)}</b><br><small>{_html.escape(d.name or '?')}"
         if d.total is not None:
-            title += f"<br>total {format_bytes(d.total)}"
+            title += "<br>" + _html.escape(tr("total {total}", total=format_bytes(d.total)))
         if d.utilization is not None:
-            title += f" · util {d.utilization}%"
+            title += " · " + _html.escape(tr("util {pct}%", pct=d.utilization))
         title += "</small>"
         body = ""
         if d.source.startswith("nvml") and d.total is None:
@@ -113,26 +115,28 @@ def snapshot_html(s: Snapshot) -> str:
             body += (f'<div style="font-size:90%;margin-top:3px">'
                      f'{_legend(d.layers, device_labels(), d.total, _DEVICE_SKIP_ZERO)}</div>')
             if warn:
-                body += '<div style="font-size:90%"><b style="color:#e15759">≥ 90% of the device in use</b></div>'
+                body += ('<div style="font-size:90%"><b style="color:#e15759">'
+                         f'{_html.escape(tr("≥ 90% of the device in use"))}</b></div>')
         if d.torch_peak_allocated is not None:
-            extra = (f"peak allocated {format_bytes(d.torch_peak_allocated)} · peak reserved "
-                     f"{format_bytes(d.torch_peak_reserved)}")
+            extra = tr("peak allocated {allocated} · peak reserved {reserved}",
+                       allocated=format_bytes(d.torch_peak_allocated), reserved=format_bytes(d.torch_peak_reserved))
             if d.torch_inactive_split:
-                extra += f" · fragmented {format_bytes(d.torch_inactive_split)}"
+                extra += " · " + tr("fragmented {size}", size=format_bytes(d.torch_inactive_split))
             if d.num_ooms:
-                extra += f" · OOMs {d.num_ooms}"
-            body += f'<div style="font-size:90%">{extra}</div>'
+                extra += " · " + tr("OOMs {n}", n=d.num_ooms)
+            body += f'<div style="font-size:90%">{_html.escape(extra)}</div>'
         if d.kind == "virtual" and d.used is not None:
             body += f'<div style="font-size:90%">{_html.escape(virtual_smi_text(d))}</div>'
         rows.append(f"{_TR}<td {td}>{title}</td><td {td}>{body}</td></tr>")
     if not s.devices:
-        rows.append(f"{_TR}<td {td}><b>accelerators</b></td><td {td}>none</td></tr>")
+        rows.append(f"{_TR}<td {td}><b>{_html.escape(tr('accelerators'))}</b></td>"
+                    f"<td {td}>{_html.escape(tr('none'))}</td></tr>")
     notes = ""
     if s.notes:
         notes = ('<div style="font-size:85%;opacity:0.8;margin-top:4px">'
                  + "<br>".join("• " + _html.escape(tr_note(n)) for n in s.notes) + "</div>")
     return (f'<div class="vramlab-snapshot" style="font-family:var(--jp-ui-font-family,sans-serif);color:inherit">'
-            f'<div style="font-size:90%;opacity:0.8">vramlab snapshot {when}</div>'
+            f'<div style="font-size:90%;opacity:0.8">{_html.escape(tr("vramlab snapshot {when}", when=when))}</div>'
             f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table>'
             f"{notes}</div>")
 
@@ -142,37 +146,41 @@ def record_html(r: CellRecord) -> str:
     h = r.host
     td = 'style="padding:1px 8px;text-align:right"'
     tl = 'style="padding:1px 8px;text-align:left"'
-    head = f"vramlab · cell {r.execution_count if r.execution_count is not None else '-'} · {r.wall_s:.3f} s"
+    head = _html.escape(tr("vramlab · cell {n} · {wall} s", n=r.execution_count if r.execution_count is not None else "-",
+                           wall=f"{r.wall_s:.3f}"))
     if r.error:
-        head += f' · <b style="color:#e15759">raised {_html.escape(r.error)}</b>'
-    rows = [f"<tr><th {tl}></th><th {td}>delta</th><th {td}>peak during cell</th><th {tl}></th></tr>"]
-    peak = "n/a" if h.peak_delta is None else "+" + format_bytes(max(h.peak_delta, 0))
+        head += f' · <b style="color:#e15759">{_html.escape(tr("raised {error}", error=r.error))}</b>'
+    rows = [f"<tr><th {tl}></th><th {td}>{_html.escape(tr('delta'))}</th>"
+            f"<th {td}>{_html.escape(tr('peak during cell'))}</th><th {tl}></th></tr>"]
+    na = _html.escape(tr("n/a"))
+    peak = na if h.peak_delta is None else "+" + format_bytes(max(h.peak_delta, 0))
     rows.append(f"<tr><td {tl}>host</td><td {td}>{format_bytes(h.rss_delta, signed=True)}</td>"
                 f"<td {td}>{peak}</td><td {tl}>RSS</td></tr>")
     if h.uss_delta is not None:
         rows.append(f"<tr><td></td><td {td}>{format_bytes(h.uss_delta, signed=True)}</td><td></td>"
-                    f"<td {tl}>USS ({format_bytes(h.uss_end)} at the end)</td></tr>")
+                    f"<td {tl}>USS ({_html.escape(tr('{size} at the end', size=format_bytes(h.uss_end)))})</td></tr>")
     if h.swap_delta:
         rows.append(f"<tr><td {tl}>swap</td><td {td}>{format_bytes(h.swap_delta, signed=True)}</td><td></td><td></td></tr>")
     if h.children_count_start or h.children_count_end:
-        rows.append(f"<tr><td {tl}>children</td><td {td}>{format_bytes(h.children_rss_delta, signed=True)}</td>"
-                    f"<td></td><td {tl}>RSS summed, {h.children_count_start} → {h.children_count_end} "
-                    "processes</td></tr>")
+        summed = tr("RSS summed, {start} → {end} processes", start=h.children_count_start, end=h.children_count_end)
+        rows.append(f"<tr><td {tl}>{_html.escape(tr('children'))}</td>"
+                    f"<td {td}>{format_bytes(h.children_rss_delta, signed=True)}</td>"
+                    f"<td></td><td {tl}>{_html.escape(summed)}</td></tr>")
         if h.children_uss_delta is not None:
             rows.append(f"<tr><td></td><td {td}>{format_bytes(h.children_uss_delta, signed=True)}</td><td></td>"
                         f"<td {tl}>USS</td></tr>")
     for d in r.devices:
         if d.allocated_delta is None and d.nvml_delta is None:
             continue
-        pk = "n/a" if d.peak_allocated_delta is None else "+" + format_bytes(max(d.peak_allocated_delta, 0))
+        pk = na if d.peak_allocated_delta is None else "+" + format_bytes(max(d.peak_allocated_delta, 0))
         rows.append(f"<tr><td {tl}>{_html.escape(d.id)}</td><td {td}>{format_bytes(d.allocated_delta, signed=True)}</td>"
-                    f"<td {td}>{pk}</td><td {tl}>allocated</td></tr>")
+                    f"<td {td}>{pk}</td><td {tl}>{_html.escape(tr('allocated'))}</td></tr>")
         if d.reserved_delta is not None:
             rows.append(f"<tr><td></td><td {td}>{format_bytes(d.reserved_delta, signed=True)}</td><td></td>"
-                        f"<td {tl}>reserved</td></tr>")
+                        f"<td {tl}>{_html.escape(tr('reserved'))}</td></tr>")
         if d.nvml_delta is not None:
             rows.append(f"<tr><td></td><td {td}>{format_bytes(d.nvml_delta, signed=True)}</td><td></td>"
-                        f"<td {tl}>NVML (this process)</td></tr>")
+                        f"<td {tl}>{_html.escape(tr('NVML (this process)'))}</td></tr>")
     return (f'<div class="vramlab-record" style="font-size:90%;color:inherit"><div>{head}</div>'
             f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table></div>')
 

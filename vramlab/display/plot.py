@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..i18n import tr
 from ..model import CellRecord, History
 
 __all__ = ["plot_history", "PNG_DPI", "MAX_LABELS"]
@@ -130,11 +131,11 @@ def plot_history(h: History, *, last_s: Optional[float] = None, last: Optional[i
     G = 2.0**30
     xs = [s.time - t0 for s in samples]
     ax = axes[0]
-    ax.plot(xs, [s.rss / G for s in samples], label="this process (RSS)", color="#4e79a7")
-    ax.plot(xs, [s.host_used / G for s in samples], label="used (scope)", color="#e15759", alpha=0.7)
+    ax.plot(xs, [s.rss / G for s in samples], label=tr("this process (RSS)"), color="#4e79a7")
+    ax.plot(xs, [s.host_used / G for s in samples], label=tr("used (scope)"), color="#e15759", alpha=0.7)
     if samples:
-        ax.axhline(samples[-1].limit / G, color="grey", ls="--", lw=1, label="limit")
-    ax.set_ylabel("host GiB")
+        ax.axhline(samples[-1].limit / G, color="grey", ls="--", lw=1, label=tr("limit"))
+    ax.set_ylabel(tr("host GiB"))
     ax.legend(loc="upper left", fontsize="small")
     per_device: dict[str, list[tuple[float, Any]]] = {id_: [] for id_ in ids}
     for s in samples:
@@ -143,15 +144,15 @@ def plot_history(h: History, *, last_s: Optional[float] = None, last: Optional[i
     for i, id_ in enumerate(ids, start=1):
         ax = axes[i]
         rows = per_device[id_]
-        for field, label, colour in (("allocated", "allocated", "#4e79a7"), ("reserved", "reserved", "#76b7b2"),
-                                     ("used", "used", "#e15759")):
+        for field, label, colour in (("allocated", tr("allocated"), "#4e79a7"), ("reserved", tr("reserved"), "#76b7b2"),
+                                     ("used", tr("used"), "#e15759")):
             pts = [(x, getattr(d, field)) for x, d in rows if getattr(d, field) is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] / G for p in pts], label=label, color=colour)
         tot = [d.total for _, d in rows if d.total is not None]
         if tot:
-            ax.axhline(tot[-1] / G, color="grey", ls="--", lw=1, label="total")
-        ax.set_ylabel(f"{id_} GiB")
+            ax.axhline(tot[-1] / G, color="grey", ls="--", lw=1, label=tr("total"))
+        ax.set_ylabel(tr("{device} GiB", device=id_))
         ax.legend(loc="upper left", fontsize="small")
     spans = [[(c.started - t0, 0.0), (c.started - t0, 1.0), (c.started - t0 + c.wall_s, 1.0),
               (c.started - t0 + c.wall_s, 0.0)] for c in cells]
@@ -175,5 +176,5 @@ def plot_history(h: History, *, last_s: Optional[float] = None, last: Optional[i
     for i in _evenly(len(ooms), MAX_LABELS):
         top.text(oom_xs[i], 0.5, "OOM", transform=top.get_xaxis_transform(), color="#e15759", fontsize="small",
                  rotation=90)
-    axes[-1].set_xlabel("seconds")
+    axes[-1].set_xlabel(tr("seconds"))
     return fig

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import html as _html
 import itertools
+import re
 import threading
 import time
 import uuid
@@ -34,6 +35,7 @@ from typing import Any, Deque, Iterable, Optional
 
 import ipywidgets as widgets
 
+from ..i18n import tr
 from ..units import format_bytes
 from .html import COLOURS, html_bar
 from .text import device_labels, host_labels, snapshot_text, unreadable_text
@@ -95,7 +97,7 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
     rows = []
     for d in snap.devices:
         if not d.layers:
-            why = unreadable_text(d, tuple(snap.notes)) or "no memory figures: see the notes"
+            why = unreadable_text(d, tuple(snap.notes)) or tr("no memory figures: see the notes")
             rows.append(_row(d.id, _html.escape(d.name or ""), "",
                              f'<span style="color:#e15759">{_html.escape(why)}</span>', True))
             continue
@@ -108,24 +110,27 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
     h = snap.host
     used = 1.0 - h.layer("available") / h.limit if h.limit else 0.0
     warn = used >= _WARN
+    source = tr("physical RAM") if h.limit_source == "physical RAM" else h.limit_source
     sub = (_nowrap(f"{format_bytes(h.limit - h.layer('available'))} / {format_bytes(h.limit)}")
-           + f"<br>{_html.escape(h.limit_source)}")
+           + f"<br>{_html.escape(source)}")
     if h.children_count:
         n = h.children_count
-        sub += f"<br>{n} child process{'' if n == 1 else 'es'}"
-    rows.append(_row("host RAM", sub + (" ⚠" if warn else ""), html_bar(h.layers, host_labels(), width_px=300),
+        kids = tr("{n} child process", n=n) if n == 1 else tr("{n} child processes", n=n)
+        sub += f"<br>{_html.escape(kids)}"
+    rows.append(_row(tr("host RAM"), sub + (" ⚠" if warn else ""), html_bar(h.layers, host_labels(), width_px=300),
                      _legend(h.layers, host_labels()), warn))
     if h.swap_total:
         sw_layers = (("process", h.swap_used or 0), ("available", h.swap_total - (h.swap_used or 0)))
         rate = ""
         if swap_rate is not None:
-            rate = f"paging in {format_bytes(swap_rate[0])}/s · out {format_bytes(swap_rate[1])}/s"
+            rate = _html.escape(tr("paging in {swap_in}/s · out {swap_out}/s", swap_in=format_bytes(swap_rate[0]),
+                                   swap_out=format_bytes(swap_rate[1])))
         warn = (h.swap_used or 0) / h.swap_total >= _WARN
         rows.append(_row("swap", _nowrap(f"{format_bytes(h.swap_used)} / {format_bytes(h.swap_total)}"),
-                         html_bar(sw_layers, {"process": "used", "available": "free"}, width_px=300),
-                         rate or "paging: n/a", warn))
+                         html_bar(sw_layers, {"process": tr("used"), "available": tr("free")}, width_px=300),
+                         rate or _html.escape(tr("paging: n/a")), warn))
     else:
-        rows.append(_row("swap", "", "", "none configured", False))
+        rows.append(_row("swap", "", "", _html.escape(tr("none configured")), False))
     # line-height: a widget's HTML view sets a 28 px line height, which would space the lines apart
     return f'<div style="font-size:12.5px;line-height:1.35;color:inherit;margin-top:6px">{"".join(rows)}</div>'
 
@@ -273,6 +278,24 @@ def _span_label(span: float) -> str:
 
 
 _PALETTE = ("#59a14f", "#edc948", "#af7aa1", "#ff9da7")
+_OOM_MARK = re.compile(r"OOM in \[(.*)\]")
+
+
+def _series_label(label: str) -> str:
+    """A sparkline series' label (:attr:`SampleWindow.series`' key) in the current language."""
+    if label == "host RSS":
+        return tr("host RSS")
+    if label == "host used":
+        return tr("host used")
+    if label.endswith(" used"):
+        return tr("{id} used", id=label[: -len(" used")])
+    return label
+
+
+def _marker_label(label: str) -> str:
+    """A timeline marker's label (``[7]``, ``OOM in [7]``) in the current language."""
+    m = _OOM_MARK.fullmatch(label)
+    return tr("OOM in [{n}]", n=m.group(1)) if m else label
 
 
 def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float = WINDOW_S,
@@ -331,16 +354,17 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
         colour = "#e15759" if m.kind == "oom" else "rgba(127,127,127,0.6)"
         w = 2 if m.kind == "oom" else 1
         parts.append(f'<line x1="{x:.0f}" y1="0" x2="{x:.0f}" y2="{plot_h}" stroke="{colour}" stroke-width="{w}">'
-                     f"<title>{_html.escape(m.label)}</title></line>")
+                     f"<title>{_html.escape(_marker_label(m.label))}</title></line>")
     legend = []
     for label, colour, pts in series:
         if len(pts) >= 1:
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                          f'points="{" ".join(xy(t, f) for t, f in pts)}"/>')
-        legend.append(f'<tspan fill="{colour}">■</tspan><tspan fill="currentColor"> {_html.escape(label)}  </tspan>')
+        legend.append(f'<tspan fill="{colour}">■</tspan><tspan fill="currentColor"> '
+                      f'{_html.escape(_series_label(label))}  </tspan>')
+    caption = tr("· last {span}, 0–{top} of capacity", span=_span_label(span), top=f"{top:.0%}")
     parts.append(f'<text x="4" y="{height - 4}" font-size="10.5" fill="currentColor">'
-                 f'{"".join(legend)}<tspan fill="currentColor" fill-opacity="0.8">· last {_span_label(span)}, '
-                 f'0–{top:.0%} of capacity</tspan></text>')
+                 f'{"".join(legend)}<tspan fill="currentColor" fill-opacity="0.8">{_html.escape(caption)}</tspan></text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -386,15 +410,16 @@ class Monitor(widgets.VBox):
 
     def _status_html(self, stopped: bool = False) -> str:
         s = self._sampler
-        state = "stopped" if stopped or not s.running else f"sampling every {s.interval:g} s"
+        state = _html.escape(tr("stopped") if stopped or not s.running
+                             else tr("sampling every {interval} s", interval=f"{s.interval:g}"))
         if stopped and s.stopped_reason and s.stopped_reason != "stopped":
-            state += f" ({_html.escape(s.stopped_reason)})"
+            state += f" ({_stopped_reason(s.stopped_reason)})"
         text = f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · {state}</span>'
         text += _unreadable_status(self._snap())
         if s.last_error:
             self._error_shown = self._error_shown or s.last_error
-            text += (f'<br><span style="font-size:12px;color:#e15759">sampling error: '
-                     f"{_html.escape(self._error_shown)}</span>")
+            text += (f'<br><span style="font-size:12px;color:#e15759">'
+                     f"{_html.escape(tr('sampling error: {error}', error=self._error_shown))}</span>")
         return text
 
     def _swap_rate(self) -> Optional[tuple[float, float]]:
@@ -458,8 +483,8 @@ class Monitor(widgets.VBox):
         return "<vramlab monitor>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Optional[dict[str, Any]]:
-        data = super()._repr_mimebundle_(**kwargs) or {"text/plain": repr(self)}
-        data["text/plain"] = repr(self)
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/plain"] = tr("<vramlab monitor>")
         if self._snap() is not None:
             data["text/html"] = self.static_html()
         return data
@@ -472,10 +497,11 @@ class Monitor(widgets.VBox):
         snap = self._snap()
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
         if stopped:
-            status = self._status_html(stopped=True).replace("</span>", f" · last reading {when}</span>", 1)
+            last = _html.escape(tr("last reading {when}", when=when))
+            status = self._status_html(stopped=True).replace("</span>", f" · {last}</span>", 1)
         else:
-            status = (f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · static copy of the live monitor, '
-                      f"reading of {when}</span>")
+            copy = _html.escape(tr("static copy of the live monitor, reading of {when}", when=when))
+            status = f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · {copy}</span>'
         with self._lock:
             self._window.update(self._sampler.samples, snap.time)
             spark = sparkline_svg(self._window, _copy(self._sampler.markers), snap.time, self._window_s)
@@ -510,7 +536,7 @@ class Monitor(widgets.VBox):
 
     def _frozen_bundle(self) -> dict[str, str]:
         """What a stopped monitor's outputs hold: its last reading, with no widget."""
-        return {"text/plain": "<vramlab monitor: stopped>\n" + snapshot_text(self._snap()),
+        return {"text/plain": tr("<vramlab monitor: stopped>") + "\n" + snapshot_text(self._snap()),
                 "text/html": self.static_html(stopped=True)}
 
 
@@ -541,5 +567,18 @@ def _unreadable_status(snap: Any) -> str:
     if not bad:
         return ""
     names = ", ".join(d.id for d in bad)
-    return (f' <span style="font-size:12px;color:#e15759">· {_html.escape(names)}: '
-            "cannot be read, see below</span>")
+    return (f' <span style="font-size:12px;color:#e15759">· '
+            f'{_html.escape(tr("{names}: cannot be read, see below", names=names))}</span>')
+
+
+_FAILED_READINGS = re.compile(r"stopped after (\d+) failed readings: (.*)", re.S)
+
+
+def _stopped_reason(reason: str) -> str:
+    """Why the sampler stopped, in the current language, escaped for the status line."""
+    if reason == "extension unloaded":
+        return _html.escape(tr("extension unloaded"))
+    m = _FAILED_READINGS.fullmatch(reason)
+    if m:
+        return _html.escape(tr("stopped after {n} failed readings: {error}", n=m.group(1), error=m.group(2)))
+    return _html.escape(reason)

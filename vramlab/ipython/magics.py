@@ -26,7 +26,6 @@ set a new high. ``%vram?`` prints this manual. Unknown subcommands and options r
 from __future__ import annotations
 
 import ast
-import inspect
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
+from ..i18n import tr
 from .events import CellEvents, cell_number, code_key, show_record
 
 # Each subcommand imports what it calls when it runs: %load_ext stays cheap.
@@ -108,17 +108,22 @@ class VramMagics(Magics):
             stray = [flag for dest, (flag, _) in _OPTION_SCOPE.items() if dest not in _CELL_OPTIONS and _given(args, dest)]
             if args.command is not None or args.rest or stray:
                 got = " ".join([*stray, *([args.command] if args.command else []), *args.rest])
-                raise UsageError(f"%%vram takes only --keep-peaks and --uss, got {got!r}\n{self._usage()}")
+                raise UsageError(tr("%%vram takes only --keep-peaks and --uss, got {got}", got=repr(got))
+                                 + f"\n{self._usage()}")
             return self._cell(cell, keep_peaks=args.keep_peaks, uss=args.uss)
         command = args.command or "show"
         if command not in SUBCOMMANDS:
-            raise UsageError(f"unknown subcommand {command!r}; choose one of: {', '.join(SUBCOMMANDS)}\n{self._usage()}")
+            raise UsageError(tr("unknown subcommand {command}; choose one of: {names}", command=repr(command),
+                                names=", ".join(SUBCOMMANDS)) + f"\n{self._usage()}")
         if command in _NO_ARGS and args.rest:
-            raise UsageError(f"%vram {command} takes no arguments, got {' '.join(args.rest)!r}\n{self._usage()}")
+            raise UsageError(tr("%vram {command} takes no arguments, got {got}", command=command,
+                                got=repr(" ".join(args.rest))) + f"\n{self._usage()}")
         for dest, (flag, scope) in _OPTION_SCOPE.items():
             if _given(args, dest) and command not in scope:
-                where = " and ".join(f"%vram {c}" for c in scope) + (" and %%vram" if dest in _CELL_OPTIONS else "")
-                raise UsageError(f"{flag} goes with {where}, not %vram {command}\n{self._usage()}")
+                magics = [f"%vram {c}" for c in scope] + (["%%vram"] if dest in _CELL_OPTIONS else [])
+                where = f" {tr('and')} ".join(magics)
+                raise UsageError(tr("{flag} goes with {where}, not %vram {command}", flag=flag, where=where,
+                                    command=command) + f"\n{self._usage()}")
         return getattr(self, f"_cmd_{command}")(args)
 
     # -- subcommands
@@ -139,18 +144,18 @@ class VramMagics(Magics):
             try:
                 interval = float(args.interval)
             except ValueError:
-                raise UsageError(f"--interval takes a number of seconds, got {args.interval!r}") from None
+                raise UsageError(tr("--interval takes a number of seconds, got {got}", got=repr(args.interval))) from None
             if math.isfinite(interval) and interval > threading.TIMEOUT_MAX:
-                raise UsageError(f"--interval takes at most {threading.TIMEOUT_MAX:.0f} seconds "
-                                 f"(the longest wait a thread can make), got {args.interval!r}")
+                raise UsageError(tr("--interval takes at most {most} seconds (the longest wait a thread can make), "
+                                    "got {got}", most=f"{threading.TIMEOUT_MAX:.0f}", got=repr(args.interval)))
         try:
             mon = api.watch(interval)
         except ValueError as e:
             raise UsageError(str(e)) from None
         if getattr(self.shell, "kernel", None) is None:
             # a terminal IPython has no widgets: the monitor shows only its name
-            print("[vramlab] the live monitor is a widget for Jupyter (JupyterLab, Notebook, VS Code); "
-                  "in a terminal run: python -m vramlab --watch 1")
+            print(tr("[vramlab] the live monitor is a widget for Jupyter (JupyterLab, Notebook, VS Code); "
+                     "in a terminal run: python -m vramlab --watch 1"))
         display(mon)
         return None
 
@@ -158,16 +163,16 @@ class VramMagics(Magics):
         from .. import api
 
         api.stop()
-        print("[vramlab] sampler stopped")
+        print(tr("[vramlab] sampler stopped"))
 
     def _cmd_auto(self, args: Any) -> None:
         if len(args.rest) != 1 or args.rest[0] not in ("on", "off"):
-            raise UsageError(f"%vram auto takes on or off\n{self._usage()}")
+            raise UsageError(tr("%vram auto takes on or off") + f"\n{self._usage()}")
         self._events.auto = args.rest[0] == "on"
         self._events.keep_peaks = args.keep_peaks
         self._events.uss = args.uss
-        kept = [w for w, on in (("peak counters kept", args.keep_peaks), ("USS read", args.uss)) if on]
-        print(f"[vramlab] per-cell records {'on' if self._events.auto else 'off'}"
+        kept = [w for w, on in ((tr("peak counters kept"), args.keep_peaks), (tr("USS read"), args.uss)) if on]
+        print((tr("[vramlab] per-cell records on") if self._events.auto else tr("[vramlab] per-cell records off"))
               + (f" ({', '.join(kept)})" if self._events.auto and kept else ""))
 
     def _cmd_history(self, args: Any) -> None:
@@ -179,13 +184,13 @@ class VramMagics(Magics):
         from ..runtime.history import history
 
         if len(args.rest) != 1:
-            raise UsageError(f"%vram export takes one PATH (.csv or .json)\n{self._usage()}")
+            raise UsageError(tr("%vram export takes one PATH (.csv or .json)") + f"\n{self._usage()}")
         path = os.path.expanduser(args.rest[0])
         try:
             written = history().export(path, which="samples" if args.samples else "cells")
         except (ValueError, OSError) as e:
             raise UsageError(f"%vram export: {e}") from None
-        print(f"[vramlab] wrote {written}")
+        print(tr("[vramlab] wrote {path}", path=written))
 
     def _cmd_plot(self, args: Any) -> Any:
         from .. import api
@@ -206,7 +211,7 @@ class VramMagics(Magics):
 
         rec = api.last()
         if rec is None:
-            print("no cell records yet: use %%vram on a cell, or %vram auto on")
+            print(tr("no cell records yet: use %%vram on a cell, or %vram auto on"))
             return None
         display(rec)
         return None
@@ -249,7 +254,7 @@ class VramMagics(Magics):
         try:
             argv = shlex.split(line, posix=os.name != "nt")
         except ValueError as e:  # an unbalanced quote
-            raise UsageError(f"cannot split the arguments: {e}\n{self._usage()}") from None
+            raise UsageError(tr("cannot split the arguments: {error}", error=e) + f"\n{self._usage()}") from None
         if os.name == "nt":  # pragma: no cover - Windows paths keep their backslashes; strip the quotes
             argv = [a[1:-1] if len(a) > 1 and a[0] == a[-1] and a[0] in "\"'" else a for a in argv]
         if any(a in ("-h", "--help") for a in argv):
@@ -262,14 +267,63 @@ class VramMagics(Magics):
             raise UsageError(self._usage()) from None
 
     def _manual(self) -> str:
-        """The module's usage summary, then every option (what ``%vram?`` shows, plus the summary)."""
-        doc = inspect.cleandoc(__doc__ or "")
-        summary = doc[doc.find("Usage::"):].split("Per-cell records reset")[0].rstrip().replace("Usage::", "Usage:")
-        return summary + "\n\n" + self.vram.parser.format_help().replace("::", "").strip()
+        """The module's usage summary, then every option (what ``%vram?`` shows, plus the summary),
+        in the current language."""
+        return _usage_summary() + "\n\n" + self._parser().format_help().replace("::", "").strip()
 
     def _usage(self) -> str:
-        text = self.vram.parser.format_usage().replace("::", " ")
-        return "usage: " + " ".join(text.split()).removeprefix("usage: ")
+        text = self._parser().format_usage().replace("::", " ")
+        return tr("usage:") + " " + " ".join(text.split()).removeprefix("usage: ")
+
+    def _parser(self) -> Any:
+        """The magic's parser, its description, headings and option help in the current language."""
+        parser = self.vram.parser
+        parser.description = tr("GPU memory (NVML and the torch allocator), host RAM and swap, reconciled; live and "
+                                "per cell.")
+        parser._positionals.title = tr("positional arguments")
+        parser._optionals.title = tr("options")
+        helps = _option_help()
+        for action in parser._actions:
+            if action.dest in helps:
+                action.help = helps[action.dest].replace("%", "%%")  # argparse %-formats the help
+        return parser
+
+
+def _option_help() -> dict[str, str]:
+    """The help of each option (argparse dest), in the current language."""
+    return {
+        "command": tr("one of: {names} (default: show)", names=", ".join(SUBCOMMANDS)),
+        "rest": tr("arguments of the subcommand (auto: on|off; export: PATH)"),
+        "json": tr("show: print the snapshot as a JSON dict"),
+        "uss": tr("show, %%vram and auto: also read the USS of this process and of its children (slower)"),
+        "interval": tr("watch: sampling interval in seconds (default 0.5)"),
+        "keep_peaks": tr("%%vram and auto: do not reset the global peak counters"),
+        "samples": tr("export: write the samples table instead of the cells (CSV)"),
+        "last": tr("history: how many cells (default 20); plot: only the last N cells (default all)"),
+    }
+
+
+def _usage_summary() -> str:
+    """The usage summary of the module's docs (``Usage::`` to the paragraph on peaks), in the current language."""
+    rows = [
+        ("%load_ext vramlab", None),
+        ("%vram", tr("the reconciled snapshot (tensors, cache, context, others, free; host, swap)")),
+        ("%vram --json", tr("the same reading as a JSON dict")),
+        ("%vram watch", tr("a live monitor (one shared sampler; --interval 0.25 changes the rate)")),
+        ("%vram stop", tr("stop the sampler; monitors freeze on their last reading")),
+        ("%vram auto on|off", tr("a one-line record after every cell")),
+        ("%vram history", tr("a table of the last cells (--last N)")),
+        ("%vram export PATH", tr(".csv (cells, or --samples) or .json (everything)")),
+        ("%vram plot", tr("a matplotlib timeline with cell spans and OOMs (--last N: the last N cells)")),
+        ("%vram free", tr("drop what the last traceback keeps alive, collect, empty the cache")),
+        ("%vram last", tr("the latest cell record")),
+        ("", None),
+        ("%%vram", tr("run the cell, then show its record: wall time, deltas, exact peaks")),
+        ("%%vram --keep-peaks", tr("the same without resetting the global peak counters")),
+    ]
+    lines = [tr("Usage:"), ""]
+    lines += [f"    {cmd:<27}# {what}" if what else (f"    {cmd}" if cmd else "") for cmd, what in rows]
+    return "\n".join(lines)
 
 
 def _cache_source(shell: Any, code: str, raw: str, count: Optional[int]) -> str:

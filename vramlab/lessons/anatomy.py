@@ -22,6 +22,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from ..i18n import tr
 from ..units import format_bytes
 
 __all__ = ["PARTS", "Phase", "Anatomy", "trace_step", "storage_bytes"]
@@ -113,12 +114,18 @@ class Anatomy:
                 for p in self.phases]
 
     def text(self) -> str:
-        """A plain-text table of the phases."""
-        head = f"  {'step':>4}  {'phase':<15}" + "".join(f"{k[:15]:>16}" for k in PARTS) + f"{'allocated':>12}{'peak':>12}"
-        lines = [f"training-step anatomy on {self.device}: {self.parameters:,} parameters "
-                 f"({self.trainable:,} trainable)", head]
-        for p in self.phases:
-            lines.append(f"  {p.step:>4}  {p.name:<15}" + "".join(f"{format_bytes(p.parts[k]):>16}" for k in PARTS)
+        """A plain-text table of the phases (its words in the current language, :func:`vramlab.i18n.tr`)."""
+        names = [_phase_label(p.name) for p in self.phases]
+        step = tr("step")
+        ws = max(4, len(step))  # the columns widen to fit the words of the current language
+        wp = max([15, *(len(n) for n in names)])
+        heads = _part_headers()
+        head = (f"  {step:>{ws}}  {tr('phase'):<{wp}}" + "".join(f"{heads[k][:15]:>16}" for k in PARTS)
+                + f"{tr('allocated'):>12}{tr('peak'):>12}")
+        lines = [tr("training-step anatomy on {device}: {parameters:,} parameters ({trainable:,} trainable)",
+                    device=self.device, parameters=self.parameters, trainable=self.trainable), head]
+        for p, name in zip(self.phases, names):
+            lines.append(f"  {p.step:>{ws}}  {name:<{wp}}" + "".join(f"{format_bytes(p.parts[k]):>16}" for k in PARTS)
                          + f"{format_bytes(p.allocated):>12}{format_bytes(p.peak):>12}")
         return "\n".join(lines)
 
@@ -138,17 +145,39 @@ class Anatomy:
                   "activations": "#e15759"}
         x = range(len(self.phases))
         bottom = [0.0] * len(self.phases)
+        labels = _part_labels()
         for k in PARTS:
             vals = [p.parts[k] / 2**20 for p in self.phases]
-            ax.bar(x, vals, bottom=bottom, color=colors[k], label=k.replace("_", " "))
+            ax.bar(x, vals, bottom=bottom, color=colors[k], label=labels[k])
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.scatter(list(x), [p.peak / 2**20 for p in self.phases], marker="_", s=300, color="k", zorder=3,
-                   label="peak during the phase")
-        ax.set_xticks(list(x), [f"{p.step}: {p.name}" if p.step else p.name for p in self.phases],
-                      rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("MiB on the device")
+                   label=tr("peak during the phase"))
+        ax.set_xticks(list(x), [f"{p.step}: {_phase_label(p.name)}" if p.step else _phase_label(p.name)
+                                for p in self.phases], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(tr("MiB on the device"))
         ax.legend(fontsize=7, loc="upper left")
         return ax
+
+
+def _phase_label(name: str) -> str:
+    """A phase's name as a learner reads it, in the current language (:func:`vramlab.i18n.tr`).
+
+    ``forward``, ``backward`` and ``zero_grad`` keep their names (the first two are the words
+    the Portuguese edition uses too, the last is torch's method); :attr:`Phase.name` itself stays
+    English, since :meth:`Anatomy.phase` looks phases up by it."""
+    return {"model": tr("model"), "optimizer step": tr("optimizer step")}.get(name, name)
+
+
+def _part_labels() -> dict[str, str]:
+    """The parts' names in words, for a figure's legend."""
+    return {"parameters": tr("parameters"), "gradients": tr("gradients"), "optimizer_state": tr("optimizer state"),
+            "activations": tr("activations")}
+
+
+def _part_headers() -> dict[str, str]:
+    """The parts' column headers of :meth:`Anatomy.text` (at most 15 characters)."""
+    return {"parameters": tr("parameters"), "gradients": tr("gradients"), "optimizer_state": tr("optimizer_state"),
+            "activations": tr("activations")}
 
 
 def _rounds(dev: Any) -> bool:

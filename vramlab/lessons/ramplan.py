@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
+from ..i18n import tr
 from ..units import format_bytes
 
 __all__ = [
@@ -54,7 +55,11 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class RamItem:
-    """One line of a plan: what, how many bytes, and how the figure was obtained."""
+    """One line of a plan: what, how many bytes, and how the figure was obtained.
+
+    ``name`` is the line's English name (what :meth:`RamPlan.item` looks up; :meth:`RamPlan.text`
+    shows it in the current language); ``how`` is in words, in the language spoken when the plan
+    was made (:func:`vramlab.i18n.tr`)."""
 
     name: str
     bytes: int
@@ -92,17 +97,19 @@ class RamPlan:
         return sum(i.bytes for i in self.items if i.name == name)
 
     def text(self) -> str:
-        """The plan as a plain-text table."""
-        lines = [f"  {i.name:<28}{format_bytes(i.bytes):>12}  {i.how}" for i in self.items]
-        lines.append(f"  {'total':<28}{format_bytes(self.total):>12}")
-        tier = (f"{self.tier_gb} GB tier" if self.tier_gb is not None
-                else f"more than {TIERS_GB[-1]} GB")
-        lines.append(f"  needs: the {tier} (keeping {self.reserve:.0%} of RAM for the OS and others)"
-                     if self.tier_gb is not None else f"  needs: {tier}")
+        """The plan as a plain-text table, in the current language (:func:`vramlab.i18n.tr`)."""
+        labels = _item_labels()
+        lines = [f"  {labels.get(i.name, i.name):<28}{format_bytes(i.bytes):>12}  {i.how}" for i in self.items]
+        lines.append(f"  {tr('total'):<28}{format_bytes(self.total):>12}")
+        if self.tier_gb is not None:
+            lines.append("  " + tr("needs: the {gb} GB tier (keeping {reserve:.0%} of RAM for the OS and others)",
+                                   gb=self.tier_gb, reserve=self.reserve))
+        else:
+            lines.append("  " + tr("needs: more than {gb} GB", gb=TIERS_GB[-1]))
         if self.limit is not None:
-            lines.append(f"  here: limit {format_bytes(self.limit)}: "
-                         + ("fits" if self.fits_limit else "does NOT fit"))
-        lines.extend(f"  note: {n}" for n in self.notes)
+            lines.append("  " + (tr("here: limit {limit}: fits", limit=format_bytes(self.limit)) if self.fits_limit
+                                 else tr("here: limit {limit}: does NOT fit", limit=format_bytes(self.limit))))
+        lines.extend("  " + tr("note: {note}", note=n) for n in self.notes)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -110,6 +117,19 @@ class RamPlan:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": self.text()}
+
+
+def _item_labels() -> dict[str, str]:
+    """The names of :func:`ram_needs`' lines as :meth:`RamPlan.text` shows them, in the current
+    language; :attr:`RamItem.name` stays English (:meth:`RamPlan.item` looks lines up by it)."""
+    return {
+        "interpreter and libraries": tr("interpreter and libraries"),
+        "dataset in memory": tr("dataset in memory"),
+        "batches in flight": tr("batches in flight"),
+        "pinned staging copies": tr("pinned staging copies"),
+        "model copies on the host": tr("model copies on the host"),
+        "data-loader workers": tr("data-loader workers"),
+    }
 
 
 def tier_for(total: int, reserve: float = 0.25) -> Optional[int]:
@@ -180,23 +200,25 @@ def ram_needs(*, dataset_bytes: int = 0, load: str = "whole", batch_bytes: int =
         if v < 0:
             raise ValueError(f"{name} must be >= 0; got {v}")
     notes: list[str] = []
-    base_how = "given"
+    base_how = tr("given")
     if baseline is None:
         baseline = _current_rss()
-        base_how = "measured: this process's RSS now"
+        base_how = tr("measured: this process's RSS now")
     in_flight = (workers * prefetch_factor + 1) if workers else 2
-    items = [
+    items = [  # names stay English (RamPlan.item reads them); the "how" is in the current language
         RamItem("interpreter and libraries", int(baseline), base_how),
         RamItem("dataset in memory", int(dataset_bytes) if load == "whole" else 0,
-                "loaded whole" if load == "whole" else "streamed: only batches are resident"),
+                tr("loaded whole") if load == "whole" else tr("streamed: only batches are resident")),
         RamItem("batches in flight", int(batch_bytes * in_flight),
                 f"{in_flight} x {format_bytes(batch_bytes)}"),
         RamItem("pinned staging copies", int(2 * batch_bytes) if pin_memory else 0,
-                "2 batches" if pin_memory else "pin_memory off"),
+                tr("{n} batches", n=2) if pin_memory else tr("pin_memory off")),
         RamItem("model copies on the host", int(model_parameters * bytes_per_parameter * model_copies),
-                f"{model_copies} x {model_parameters:,} params x {bytes_per_parameter:g} B"),
+                tr("{copies} x {parameters:,} params x {bpp:g} B", copies=model_copies,
+                   parameters=model_parameters, bpp=bytes_per_parameter)),
         RamItem("data-loader workers", int(workers * worker_overhead),
-                f"{workers} x {format_bytes(worker_overhead)} (assumed)" if workers else "none"),
+                tr("{workers} x {size} (assumed)", workers=workers, size=format_bytes(worker_overhead)) if workers
+                else tr("none")),
     ]
     total = sum(i.bytes for i in items)
     if limit == -1:

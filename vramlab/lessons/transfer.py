@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
+from ..i18n import tr
+
 __all__ = [
     "CopyResult",
     "measure_copy",
@@ -47,7 +49,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CopyResult:
-    """One copy measurement: ``kind`` says what was copied where; ``nbytes`` in bytes, ``seconds`` in seconds."""
+    """One copy measurement: ``kind`` says what was copied where (in words, in the current language:
+    :func:`vramlab.i18n.tr`); ``nbytes`` in bytes, ``seconds`` in seconds."""
 
     kind: str
     nbytes: int
@@ -97,7 +100,9 @@ def measure_copy(dev: Any, nbytes: int, *, pinned: bool = False, non_blocking: b
             dst.copy_(src, non_blocking=non_blocking)
             torch.cuda.synchronize(dev.device)
             times.append(time.perf_counter() - t0)
-        kind = f"host→{dev.device} ({'pinned' if pinned else 'pageable'}{', non_blocking' if non_blocking else ''})"
+        nb = ", non_blocking" if non_blocking else ""
+        kind = (tr("host→{device} (pinned{non_blocking})", device=dev.device, non_blocking=nb) if pinned
+                else tr("host→{device} (pageable{non_blocking})", device=dev.device, non_blocking=nb))
     else:
         if pinned:
             raise ValueError("pinned (page-locked) host memory needs CUDA; on the CPU measure pageable copies")
@@ -107,7 +112,7 @@ def measure_copy(dev: Any, nbytes: int, *, pinned: bool = False, non_blocking: b
             t0 = time.perf_counter()
             dst.copy_(src)
             times.append(time.perf_counter() - t0)
-        kind = "host→host (no CUDA device)"
+        kind = tr("host→host (no CUDA device)")
     times = sorted(times[1:])  # the first run pays page faults
     return CopyResult(kind=kind, nbytes=n * 4, seconds=times[0] if fastest else times[len(times) // 2])
 

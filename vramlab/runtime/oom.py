@@ -60,7 +60,7 @@ def drop_traceback(exc: Optional[BaseException]) -> list[str]:
     traceback and in those of its chained exceptions (``__cause__``/``__context__``), then
     detach the tracebacks, so that the tensors of a failed step can be freed.
 
-    Returns one ``"frames of <type>"`` entry per exception whose frames were cleared
+    Returns one ``"frames of <type>"`` entry (in the current language) per exception whose frames were cleared
     (a frame that is still executing cannot be cleared and is left alone).
     """
     cleared: list[str] = []
@@ -68,7 +68,7 @@ def drop_traceback(exc: Optional[BaseException]) -> list[str]:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if _clear_frames(exc.__traceback__):
-            cleared.append(f"frames of {type(exc).__name__}")
+            cleared.append(tr("frames of {exception}", exception=type(exc).__name__))
         exc.__traceback__ = None
         exc = exc.__cause__ or exc.__context__
     return cleared

@@ -32,6 +32,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from ..i18n import tr
 from ..runtime.oom import drop_traceback, is_oom
 from ..units import format_bytes
 
@@ -79,25 +80,32 @@ class BatchSearch:
 
     def text(self) -> str:
         """A plain-text table."""
-        head = (f"max batch size {self.max_batch_size}" + (" (stopped at the limit)" if self.capped else "")
-                + f" on {self.device}, {self.num_trials} trials")
-        lines = [head, f"  {'#':>3}  {'batch':>7}  {'fits':<4}  {'peak':>12}"]
+        head = tr("max batch size {n}{capped} on {device}, {trials} trials", n=self.max_batch_size,
+                  capped=self._capped(), device=self.device, trials=self.num_trials)
+        lines = [head, f"  {'#':>3}  {tr('batch'):>7}  {tr('fits'):<4}  {tr('peak'):>12}"]
+        yes, na = tr("yes"), tr("n/a")
         for i, t in enumerate(self.trials, 1):
-            lines.append(f"  {i:>3}  {t.batch:>7}  {'yes' if t.fits else 'OOM':<4}  {format_bytes(t.peak):>12}")
-        lines.extend(f"  note: {n}" for n in self.notes)
+            peak = na if t.peak is None else format_bytes(t.peak)
+            lines.append(f"  {i:>3}  {t.batch:>7}  {yes if t.fits else 'OOM':<4}  {peak:>12}")
+        lines.extend("  " + tr("note: {note}", note=n) for n in self.notes)
         return "\n".join(lines)
+
+    def _capped(self) -> str:
+        return " " + tr("(stopped at the limit)") if self.capped else ""
 
     def __repr__(self) -> str:
         return f"<vramlab.BatchSearch max_batch_size={self.max_batch_size} trials={self.num_trials} on {self.device}>"
 
     def _repr_html_(self) -> str:
+        yes, na = html.escape(tr("yes")), tr("n/a")
         rows = "".join(
-            f"<tr><td>{i}</td><td>{t.batch}</td><td>{'yes' if t.fits else '<b>OOM</b>'}</td>"
-            f"<td>{html.escape(format_bytes(t.peak))}</td></tr>" for i, t in enumerate(self.trials, 1))
-        cap = " (stopped at the limit)" if self.capped else ""
-        return (f"<div class='vramlab-batch'><p>max batch size <b>{self.max_batch_size}</b>{cap} on "
-                f"{html.escape(self.device)}, {self.num_trials} trials</p>"
-                f"<table><tr><th>#</th><th>batch</th><th>fits</th><th>peak</th></tr>{rows}</table></div>")
+            f"<tr><td>{i}</td><td>{t.batch}</td><td>{yes if t.fits else '<b>OOM</b>'}</td>"
+            f"<td>{html.escape(na if t.peak is None else format_bytes(t.peak))}</td></tr>"
+            for i, t in enumerate(self.trials, 1))
+        head = tr("max batch size <b>{n}</b>{capped} on {device}, {trials} trials", n=self.max_batch_size,
+                  capped=html.escape(self._capped()), device=html.escape(self.device), trials=self.num_trials)
+        cells = "".join(f"<th>{html.escape(h)}</th>" for h in ("#", tr("batch"), tr("fits"), tr("peak")))
+        return f"<div class='vramlab-batch'><p>{head}</p><table><tr>{cells}</tr>{rows}</table></div>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
@@ -263,7 +271,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
         gc.unfreeze()
     notes = []
     if lo == 0:
-        notes.append("no batch size fitted, not even 1" if start == 1 else
-                     f"batch size {start} did not fit, nor any smaller one")
+        notes.append(tr("no batch size fitted, not even 1") if start == 1 else
+                     tr("batch size {start} did not fit, nor any smaller one", start=start))
     return BatchSearch(max_batch_size=lo, trials=tuple(trials), device=runner.describe(), limit=limit,
                        capped=capped, notes=tuple(notes))

@@ -50,6 +50,7 @@ require_torch("estimate()")  # one line saying what to install, not a bare Modul
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from ..i18n import tr  # noqa: E402
 from ..units import format_bytes, parse_size  # noqa: E402
 from .allocator import AllocConf, CachingAllocator  # noqa: E402
 from .kernels import CudaKernels  # noqa: E402
@@ -69,8 +70,25 @@ __all__ = ["Estimate", "estimate", "Target", "target", "make_estimate", "MODEL_S
 #: The model states' categories (:attr:`Estimate.model_states`).
 MODEL_STATES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state")
 
-_LABELS = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradients",
-           "optimizer_state": "optimizer state", "activations": "activations (saved)", "other": "other / temporaries"}
+
+def _labels() -> dict[str, str]:
+    """The breakdown's category labels, in the current language (:func:`vramlab.i18n.tr`)."""
+    return {"parameters": tr("parameters"), "buffers": tr("buffers"), "gradients": tr("gradients"),
+            "optimizer_state": tr("optimizer state"), "activations": tr("activations (saved)"),
+            "other": tr("other / temporaries")}
+
+
+def _method(method: str) -> str:
+    """An :attr:`Estimate.method` in the current language (an unknown one as it is)."""
+    known = {"estimated (FakeTensorMode)": tr("estimated (FakeTensorMode)"),
+             "estimated (FakeTensorMode, fake process group)": tr("estimated (FakeTensorMode, fake process group)"),
+             "measured (VirtualGPU)": tr("measured (VirtualGPU)")}
+    return known.get(method, method)
+
+
+def _step(step: str) -> str:
+    """``"train"`` or ``"inference"`` in the current language."""
+    return {"train": tr("train"), "inference": tr("inference")}.get(step, step)
 
 
 @dataclass(frozen=True)
@@ -150,60 +168,76 @@ class Estimate:
 
     def verdict(self) -> str:
         """One line: fits or not, and by how much."""
-        what = "reserved peak" if self.peak_reserved is not None else "peak"
+        what = tr("reserved peak") if self.peak_reserved is not None else tr("peak")
         if self.fits is None:
-            return f"{what} {format_bytes(self.needed)} (no device given)"
-        word = "fits" if self.fits else "does NOT fit"
+            return tr("{what} {needed} (no device given)", what=what, needed=format_bytes(self.needed))
         h = self.headroom or 0
-        return (f"{word} on {self.device}: {what} {format_bytes(self.needed)} of {format_bytes(self.budget)} usable "
-                f"({format_bytes(abs(h))} {'to spare' if h >= 0 else 'short'})")
+        margin = (tr("{size} to spare", size=format_bytes(abs(h))) if h >= 0
+                  else tr("{size} short", size=format_bytes(abs(h))))
+        fields = dict(device=self.device, what=what, needed=format_bytes(self.needed), budget=format_bytes(self.budget),
+                      margin=margin)
+        if self.fits:
+            return tr("fits on {device}: {what} {needed} of {budget} usable ({margin})", **fields)
+        return tr("does NOT fit on {device}: {what} {needed} of {budget} usable ({margin})", **fields)
 
     def text(self) -> str:
         """A plain-text report: the verdict and the breakdown at the peak."""
-        per_rank = (f", {self.strategy} on {self.world_size} ranks, rank {self.rank} (batch per rank)"
-                    if self.strategy else "")
-        lines = [f"{self.method}: {self.step} step, batch {self.batch_size}, {self.parameters:,} parameters"
+        per_rank = (tr(", {strategy} on {world_size} ranks, rank {rank} (batch per rank)", strategy=self.strategy,
+                       world_size=self.world_size, rank=self.rank) if self.strategy else "")
+        lines = [tr("{method}: {step} step, batch {batch}, {parameters} parameters", method=_method(self.method),
+                    step=_step(self.step), batch=self.batch_size, parameters=f"{self.parameters:,}")
                  + (f", {self.dtype}" if self.dtype else "") + per_rank,
                  "  " + self.verdict()]
+        labels = _labels()
         for k in CATEGORIES:
             n = self.breakdown.get(k, 0)
             share = 100.0 * n / self.peak if self.peak else 0.0
-            lines.append(f"    {_LABELS[k]:<22}{format_bytes(n):>12}  {share:5.1f}%")
+            lines.append(f"    {labels[k]:<22}{format_bytes(n):>12}  {share:5.1f}%")
         if self.model_states:
             ms = self.model_states
-            lines.append(f"  model states when the step ends {format_bytes(self.model_states_total)}: parameters "
-                         f"{format_bytes(ms.get('parameters', 0))}, gradients {format_bytes(ms.get('gradients', 0))}, "
-                         f"optimizer state {format_bytes(ms.get('optimizer_state', 0))}")
+            lines.append("  " + tr("model states when the step ends {total}: parameters {parameters}, gradients "
+                                   "{gradients}, optimizer state {optimizer_state}",
+                                   total=format_bytes(self.model_states_total),
+                                   parameters=format_bytes(ms.get("parameters", 0)),
+                                   gradients=format_bytes(ms.get("gradients", 0)),
+                                   optimizer_state=format_bytes(ms.get("optimizer_state", 0))))
         if self.peak_reserved is not None:
-            lines.append(f"  reserved by the caching allocator at most {format_bytes(self.peak_reserved)} "
-                         f"({format_bytes(self.peak_reserved - self.peak)} above the allocated peak)")
+            lines.append("  " + tr("reserved by the caching allocator at most {reserved} ({above} above the allocated "
+                                   "peak)", reserved=format_bytes(self.peak_reserved),
+                                   above=format_bytes(self.peak_reserved - self.peak)))
         if self.checkpoint:
-            lines.append(f"  activation checkpointing on {self.checkpoint} modules")
-        lines.append(f"  after the step {format_bytes(self.after)}; took {self.seconds:.2f} s")
-        lines.extend(f"  note: {n}" for n in self.notes)
+            lines.append("  " + tr("activation checkpointing on {n} modules", n=self.checkpoint))
+        lines.append("  " + tr("after the step {after}; took {seconds} s", after=format_bytes(self.after),
+                               seconds=f"{self.seconds:.2f}"))
+        lines.extend("  " + tr("note: {note}", note=n) for n in self.notes)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"<vramlab.Estimate peak={format_bytes(self.peak)} fits={self.fits} device={self.device!r}>"
 
     def _repr_html_(self) -> str:
+        labels = _labels()
         rows = "".join(
-            f"<tr><td>{html.escape(_LABELS[k])}</td><td style='text-align:right'>"
+            f"<tr><td>{html.escape(labels[k])}</td><td style='text-align:right'>"
             f"{html.escape(format_bytes(self.breakdown.get(k, 0)))}</td></tr>" for k in CATEGORIES)
         color = "#59a14f" if self.fits else ("#e15759" if self.fits is False else "#888")
+        about = tr("{method}, {step} step, batch {batch}, {parameters} parameters; {seconds} s",
+                   method=_method(self.method), step=_step(self.step), batch=self.batch_size,
+                   parameters=f"{self.parameters:,}", seconds=f"{self.seconds:.2f}")
         return (f"<div class='vramlab-estimate'><p style='border-left:3px solid {color};padding-left:6px'>"
-                f"{html.escape(self.verdict())}</p><table><tr><th>at the peak</th><th>bytes</th></tr>{rows}"
-                f"</table>{self._states_html()}<p>{html.escape(self.method)}, {self.step} step, batch {self.batch_size}, "
-                f"{self.parameters:,} parameters; {self.seconds:.2f} s</p></div>")
+                f"{html.escape(self.verdict())}</p><table><tr><th>{html.escape(tr('at the peak'))}</th>"
+                f"<th>{html.escape(tr('bytes'))}</th></tr>{rows}"
+                f"</table>{self._states_html()}<p>{html.escape(about)}</p></div>")
 
     def _states_html(self) -> str:
         if not self.model_states:
             return ""
         ms = self.model_states
-        return (f"<p>model states when the step ends: {html.escape(format_bytes(self.model_states_total))} "
-                f"(parameters {html.escape(format_bytes(ms.get('parameters', 0)))}, gradients "
-                f"{html.escape(format_bytes(ms.get('gradients', 0)))}, optimizer state "
-                f"{html.escape(format_bytes(ms.get('optimizer_state', 0)))})</p>")
+        return "<p>" + html.escape(tr(
+            "model states when the step ends: {total} (parameters {parameters}, gradients {gradients}, optimizer "
+            "state {optimizer_state})", total=format_bytes(self.model_states_total),
+            parameters=format_bytes(ms.get("parameters", 0)), gradients=format_bytes(ms.get("gradients", 0)),
+            optimizer_state=format_bytes(ms.get("optimizer_state", 0)))) + "</p>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
@@ -294,7 +328,7 @@ def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, 
     states, the verdict on ``tgt``; ``parallel``: ``(world_size, strategy, rank, rank_peaks)``."""
     budget = None if tgt.capacity is None else tgt.capacity - tgt.context
     if tgt.context:
-        notes.append(f"{format_bytes(tgt.context)} set aside for the CUDA context (an assumed figure)")
+        notes.append(tr("{context} set aside for the CUDA context (an assumed figure)", context=format_bytes(tgt.context)))
     extra: dict[str, Any] = {}
     if parallel is not None:
         extra = dict(world_size=parallel[0], strategy=parallel[1], rank=parallel[2], rank_peaks=dict(parallel[3]))
@@ -418,8 +452,8 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     plan = prec.plan(strat.name)
     notes: list[str] = []
     if isinstance(strat, ZeRO2):
-        notes.append("zero2 is vramlab's model (gradients reduced to their owner rank, no buckets): torch has no "
-                     "ZeRO-2, and this is not verified against DeepSpeed")
+        notes.append(tr("zero2 is vramlab's model (gradients reduced to their owner rank, no buckets): torch has no "
+                        "ZeRO-2, and this is not verified against DeepSpeed"))
     probe = build_on_meta(build_model, plan.model_dtype)
     ranks = ranks_to_estimate(strat, probe, ws, rank)
     record: Optional[list[tuple[int, int]]] = [] if isinstance(strat, ZeRO2) and rank is None and 0 in ranks else None
@@ -464,10 +498,11 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     assert best is not None
     r, won, _model, _opt, ckpt = best
     if len(ranks) > 1:
-        which = "every rank" if rank == "all" else \
-            f"ranks {', '.join(map(str, sorted(ranks)))} (rank 0 and those the partition rule may make the busiest)"
-        notes.append(f"the figures are rank {r}'s, the highest peak of {which} "
-                     f"({format_bytes(min(peaks.values()))} to {format_bytes(max(peaks.values()))})")
+        which = tr("every rank") if rank == "all" else \
+            tr("ranks {ranks} (rank 0 and those the partition rule may make the busiest)",
+               ranks=", ".join(map(str, sorted(ranks))))
+        notes.append(tr("the figures are rank {rank}'s, the highest peak of {which} ({lowest} to {highest})", rank=r,
+                        which=which, lowest=format_bytes(min(peaks.values())), highest=format_bytes(max(peaks.values()))))
     return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,
                          method="estimated (FakeTensorMode, fake process group)", t0=t0, notes=notes,
                          checkpointed=ckpt, parallel=(ws, strat.name, r, peaks))
