@@ -90,17 +90,6 @@ def test_plot_draws():
     assert ax.get_ylabel() == "MiB on the device"
 
 
-@pytest.fixture
-def lang_back():
-    """Whatever a test sets with ``set_lang``, detection is back afterwards."""
-    from vramlab.i18n import set_lang
-
-    try:
-        yield set_lang
-    finally:
-        set_lang(None)
-
-
 def test_text_speaks_the_notebooks_language_and_stays_aligned(lang_back):
     dev, model, n, make_batch = setup()
     an = trace_step(dev, model, make_batch, torch.optim.Adam(model.parameters()), steps=1)

@@ -8,7 +8,6 @@ import mmap
 import numpy as np
 import pytest
 
-from vramlab.i18n import set_lang
 from vramlab.lessons.ramplan import (
     TIERS_GB, WORKER_OVERHEAD, RamPlan, iter_npy_batches, peak_rss_during, ram_needs, release_free_heap, tier_for,
 )
@@ -95,15 +94,6 @@ def test_release_free_heap_returns_a_bool():
     del junk
     gc.collect()
     assert release_free_heap() in (True, False)
-
-
-@pytest.fixture
-def lang_back():
-    """Whatever a test sets with ``set_lang``, detection is back afterwards."""
-    try:
-        yield set_lang
-    finally:
-        set_lang(None)
 
 
 def _plans():

@@ -138,17 +138,6 @@ def test_bucketing_wastes_less_padding():
     assert sorted(i for batch in bucketed_batches(lengths, 32) for i in batch) == list(range(5000))
 
 
-@pytest.fixture
-def lang_back():
-    """Whatever a test sets with ``set_lang``, detection is back afterwards."""
-    from vramlab.i18n import set_lang
-
-    try:
-        yield set_lang
-    finally:
-        set_lang(None)
-
-
 def test_the_copy_says_what_it_measured_in_the_notebooks_language(lang_back, monkeypatch):
     from types import SimpleNamespace
 
