@@ -35,7 +35,7 @@ LABELS_KEY = "vramlab/labels"
 
 #: English words that are never Portuguese: one of them marks a line as (partly) English
 ENGLISH_FUNCTION_WORDS = frozenset(
-    "the and of is are to with from after before when which this that was were not than its it by for "
+    "the and of is are to with from after before when which this that was were not than its it by "
     "on in at be been has have will would can could each only still into over under".split())
 
 _WORD = re.compile(r"(?<![\w./\\=-])[A-Za-zÀ-ÿ]{2,}(?![\w./(\\=-])")
@@ -87,7 +87,8 @@ def test_the_classifier_tells_the_languages_apart():
     assert english("variance falls 16.5x from B=16 to B=256 (nenhum palpite dado)")
     assert not english("batch 1: pico 14.23 MiB, cabe")
     assert not english("fp32  16.06 MiB  `torch.float32`  A100-80GB")  # no words: nothing to judge
-    assert words("vramlab.snapshot() peak_delta MiB GiB/s 3.2x") == ["mib"]
+    assert words("vramlab.snapshot() peak_delta MiB GiB/s 3.2x the peak") == ["the", "peak"]
+    assert not english("o de 4 -> 8 é x2.00 (2 se for linear)")  # "for" is Portuguese too
 
 
 @pytest.mark.parametrize("path", PT_NOTEBOOKS, ids=[p.stem for p in PT_NOTEBOOKS])

@@ -12,8 +12,9 @@ outputs, as the workbook is committed.
 
 ``--lang pt-BR`` builds the same source with its markdown cells taken from the lesson's gettext
 catalog, ``tools/notebooks/pt-BR/<name>.po`` (``tools/i18n.py``), into
-``notebooks/pt-BR/<name>.ipynb``, executed there. The code cells are the English edition's. A
-missing or stale (fuzzy) translation stops the build, listing the cells.
+``notebooks/pt-BR/<name>.ipynb``, executed there. The code cells are the English edition's with
+their comments translated; run from that folder, what they print and draw speaks Portuguese
+(``vramlab.i18n.tr``). A missing or stale (fuzzy) translation stops the build, listing the cells.
 
 An exercise's solution is a code cell tagged ``solution`` (``# %% tags=["solution"]``) right after
 the markdown cell that holds the exercise's ``<details>`` block. The build runs it with the rest,

@@ -22,7 +22,7 @@ def test_a_guess_in_words_is_judged_in_either_language():
     set_lang("pt-BR")
     try:
         assert guess("error", answer="error") == "seu palpite: error (acertou)"
-        assert guess("error", answer="host RAM") == "seu palpite: error (foi RAM do host)"
+        assert guess("error", answer="host RAM") == "seu palpite: error (a resposta era RAM do host)"
         assert guess(None) == "nenhum palpite dado"
     finally:
         set_lang(None)

@@ -20,13 +20,13 @@
 #
 # | lesson | what it measures | claims | time |
 # |---|---|---|---|
-# | 00 start here | the instrument: the layers of memory, per-cell peaks, other tools | B7, B1 | 15 min |
+# | 00 start here | the instrument: the layers of memory, per-cell peaks, other tools | B7, B1 | 20 min |
 # | 01 GPU basics | throughput against batch size, up to the memory wall; a model on the device | A1, B6 | 20 min |
-# | 02 batch size | peak memory is a line in the batch; the largest batch per GPU; gradient noise | A2, A3 | 20 min |
+# | 02 batch size | peak memory is a line in the batch; the largest batch per GPU; gradient noise | A2, A3 | 25 min |
 # | 03 the host link and offloading | an OOM instead of a swap; the host link's speed; offloading activations | A4 | 20 min |
-# | 04 swap | RAM against disk; swap files on Linux and Windows | B2 | 10 min |
+# | 04 swap | RAM against disk; swap files on Linux and Windows | B2 | 15 min |
 # | 05 fewer bytes | half and quarter precision on the link; bucketing by length | A5 | 15 min |
-# | 06 hyper-parameters under a budget | width, depth, resolution, sequence length, regularisers; what widens the grid; how finely to checkpoint | A6 | 30 min |
+# | 06 hyper-parameters under a budget | width, depth, resolution, sequence length, regularisers; what widens the grid; how finely to checkpoint | A6 | 35 min |
 # | 07 quantisation and pruning | bytes per parameter, int8 accuracy, pruning that does and does not shrink | A7 | 20 min |
 # | 08 host RAM: how much a job needs | a RAM plan against the measured peak and the tiers; whole, streamed and memory-mapped data | B1, B3 | 20 min |
 # | 09 host-RAM hygiene | `del` and the garbage collector; the traceback that keeps an OOM alive; the allocator's cache | B4, B5 | 20 min |
