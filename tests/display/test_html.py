@@ -41,7 +41,7 @@ def test_the_vram_table_speaks_english_or_portuguese(children_snapshot, children
     speak("pt-BR")
     pt = _all_of_it(snap, record) + snapshot_html(bare)
     pairs = [("vramlab snapshot", "vramlab, leitura de"), ("this process", "este processo"),
-             ("peak RSS", "pico de RSS"), ("(lifetime)", "(de toda a vida do processo)"), ("no swap", "sem swap"),
+             ("peak RSS", "pico de RSS"), ("(lifetime)", "(desde o início do processo)"), ("no swap", "sem swap"),
              ("peak allocated 14.00 GiB · peak reserved 16.00 GiB", "pico alocado 14.00 GiB · pico reservado 16.00 GiB"),
              ("fragmented 1.00 GiB", "fragmentada 1.00 GiB"), ("util 50%", "uso 50%"),
              ("accelerators", "aceleradores"), ("vramlab · cell 4", "vramlab · célula 4"),

@@ -340,13 +340,13 @@ def test_the_monitor_speaks_english_or_portuguese(children_snapshot, speak):
     pairs = [("static copy of the live monitor, reading of", "cópia estática do monitor ao vivo, leitura de"),
              ("host RAM", "RAM do host"), ("this process", "este processo"), ("2 child processes", "2 processos filhos"),
              ("child processes <b>16.00 MiB</b>", "processos filhos <b>16.00 MiB</b>"),
-             ("paging in 0 B/s · out 0 B/s", "paginação: 0 B/s para dentro · 0 B/s para fora"),
+             ("paging in 0 B/s · out 0 B/s", "paginação: entrada 0 B/s · saída 0 B/s"),
              ("OOM in [4]", "OOM na célula [4]"), ("host used", "host em uso"), ("cuda:0 used", "cuda:0 em uso"),
              ("of capacity", "da capacidade")]
     for english, portuguese in pairs:
         assert english in en["live"] and portuguese in pt["live"], (english, portuguese)
         assert english not in pt["live"] and english not in pt["stopped"], english
-    stopped = [("stopped (extension unloaded) · last reading", "parado (extensão descarregada) · última leitura de")]
+    stopped = [("stopped (extension unloaded) · last reading", "parado (extensão descarregada) · última leitura em")]
     for english, portuguese in stopped:
         assert english in en["stopped"] and portuguese in pt["stopped"], (english, portuguese)
         assert english not in pt["stopped"]
