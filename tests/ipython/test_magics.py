@@ -434,15 +434,21 @@ def test_an_interval_no_thread_can_wait_is_refused_before_the_sampler_starts(ip,
     assert not get_sampler().running
 
 
-def test_watch_in_a_terminal_says_where_the_terminal_monitor_is(ip):
-    ip.run_line_magic("load_ext", "vramlab")
-    assert getattr(ip, "kernel", None) is None  # the test shell is a terminal IPython
+def _watch_then_stop(ip):
+    """What ``%vram watch`` showed; the sampler is stopped afterwards, silently, whatever happened."""
     try:
         with capture_output() as cap:
             ip.run_line_magic("vram", "watch")
     finally:
         with capture_output():
             ip.run_line_magic("vram", "stop")
+    return cap
+
+
+def test_watch_in_a_terminal_says_where_the_terminal_monitor_is(ip):
+    ip.run_line_magic("load_ext", "vramlab")
+    assert getattr(ip, "kernel", None) is None  # the test shell is a terminal IPython
+    cap = _watch_then_stop(ip)
     assert "python -m vramlab --watch" in cap.stdout
 
 
@@ -541,11 +547,6 @@ def test_the_magic_speaks_portuguese(ip, speak):
 def test_watch_shows_the_monitors_name_in_the_notebooks_language(ip, speak):
     ip.run_line_magic("load_ext", "vramlab")
     speak("pt-BR")
-    try:
-        with capture_output() as cap:
-            ip.run_line_magic("vram", "watch")
-    finally:
-        with capture_output():
-            ip.run_line_magic("vram", "stop")
+    cap = _watch_then_stop(ip)
     assert cap.outputs[0].data["text/plain"] == "<monitor do vramlab>"
     assert "o monitor ao vivo é um widget do Jupyter" in cap.stdout and "python -m vramlab --watch 1" in cap.stdout
