@@ -58,7 +58,7 @@ def test_the_wheel_requires_torch_and_matplotlib_only_under_extras(wheel):
     assert core == ["ipython", "ipywidgets", "nvidia-ml-py", "psutil"]
     extras = {}
     for r in reqs:
-        m = re.search(r'extra == "([^"]+)"', r)
+        m = re.search(r"""extra == ["']([^"']+)["']""", r)  # either quote: backends differ
         if m:
             extras.setdefault(m.group(1), set()).add(_name(r))
     assert "torch" in extras["sim"] and "matplotlib" in extras["plot"]
@@ -122,3 +122,49 @@ def test_a_fresh_environment_without_torch_or_matplotlib(wheel, tmp_path):
     assert f["plot_magic"][1].startswith("UsageError")
     assert f["virtual_gpu"][1].startswith("MissingExtra")
     assert f["modules"] == [], "nothing imported torch, matplotlib or numpy"
+
+
+def test_the_wheel_carries_the_prebuilt_lab_extension_and_enables_the_server_extension(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        data = [n for n in names if ".data/data/" in n]
+        lab = [n.split(".data/data/", 1)[1] for n in data]
+        assert "share/jupyter/labextensions/vramlab/package.json" in lab
+        assert "share/jupyter/labextensions/vramlab/install.json" in lab
+        assert any(re.fullmatch(r"share/jupyter/labextensions/vramlab/static/remoteEntry\.[0-9a-f]+\.js", n) for n in lab)
+        (conf,) = [n for n in data if n.endswith("etc/jupyter/jupyter_server_config.d/vramlab.json")]
+        assert json.loads(z.read(conf)) == {"ServerApp": {"jpserver_extensions": {"vramlab.lab": True}}}
+        (pkg,) = [n for n in data if n.endswith("labextensions/vramlab/package.json")]
+        built = json.loads(z.read(pkg))
+    source = json.loads((ROOT / "package.json").read_text())
+    from vramlab import __version__
+
+    assert built["name"] == source["name"] == "vramlab"
+    assert built["version"] == source["version"] == __version__, "package.json follows vramlab/_version.py"
+    assert "vramlab/lab/handlers.py" in names and not any("node_modules" in n for n in names)
+
+
+def test_an_sdist_with_the_built_extension_makes_a_wheel_without_node(tmp_path):
+    """The sdist carries the built extension, so pip builds its wheel on a machine without
+    Node: here a PATH that holds Python and nothing else (no node, no jlpm)."""
+    import shutil
+
+    if not (ROOT / "vramlab" / "labextension" / "static" / "style.js").exists():
+        pytest.skip("the extension is not built in this checkout (pip install -e . builds it)")
+    r = _run([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path / "sdist")],
+             timeout=300, cwd=str(ROOT))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (sdist,) = (tmp_path / "sdist").glob("vramlab-*.tar.gz")
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    env = _child_env()
+    env["PATH"] = str(bare)
+    assert shutil.which("node", path=env["PATH"]) is None and shutil.which("jlpm", path=env["PATH"]) is None
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(sdist),
+                        "-w", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (whl,) = (tmp_path / "out").glob("vramlab-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        assert any(n.endswith("labextensions/vramlab/static/style.js") for n in z.namelist())

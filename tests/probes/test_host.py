@@ -304,3 +304,45 @@ def test_descendants_from_the_proc_children_files(tmp_path):
 def test_without_the_children_files_the_walk_says_so(tmp_path):
     (tmp_path / "100" / "task" / "100").mkdir(parents=True)  # a task with no children file
     assert descendant_pids(100, proc=str(tmp_path)) is None
+
+
+# --------------------------------------------------------------------------- another process's tree
+
+
+def _tree_with_grandchild():
+    """A child that starts a grandchild holding 64 MiB; (child, grandchild pid), both asleep."""
+    code = ("import subprocess, sys, time\n"
+            "g = subprocess.Popen([sys.executable, '-c', 'import time; b = bytearray(b\"x\" * (64 << 20)); "
+            "print(1, flush=True); time.sleep(600)'], stdout=subprocess.PIPE)\n"
+            "g.stdout.readline(); print(g.pid, flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return child, int(child.stdout.readline())
+
+
+def test_a_process_tree_is_read_with_its_descendants():
+    from vramlab.probes.host import read_process_tree
+
+    child, grandchild = _tree_with_grandchild()
+    try:
+        t = read_process_tree(child.pid, uss=True)
+        assert t.alive and t.pids == (child.pid, grandchild)
+        import psutil
+
+        rss = sum(psutil.Process(p).memory_info().rss for p in t.pids)
+        assert _close(t.rss, rss, rel=0.05)
+        assert t.rss > 64 << 20 and t.uss is not None and 64 << 20 < t.uss <= t.rss
+        assert read_process_tree(child.pid).uss is None
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_ended_reads_as_gone():
+    from vramlab.probes.host import read_process_tree
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    t = read_process_tree(p.pid)
+    assert not t.alive and t.pids == () and t.rss == 0

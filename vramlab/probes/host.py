@@ -32,7 +32,8 @@ from typing import Any, Optional, TypedDict
 from ..model import HostReading
 from .cgroup import CGROUP, CgroupReading, os_read
 
-__all__ = ["read_host", "reset_peak_rss", "read_uss", "read_children", "ChildrenReading", "descendant_pids"]
+__all__ = ["read_host", "reset_peak_rss", "read_uss", "read_children", "ChildrenReading", "descendant_pids",
+           "read_process_tree", "ProcessTreeReading"]
 
 _LINUX = sys.platform.startswith("linux")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -197,16 +198,9 @@ def _list_descendants() -> tuple[int, ...]:
         return ()
 
 
-def read_children(uss: bool = False) -> ChildrenReading:
-    """Read this process's descendants now: their PIDs and summed RSS, and with ``uss=True``
-    their summed USS and PSS (slower: it walks every mapping of each). Sizes in bytes.
-    Never raises: a process that ends while it is read is left out."""
-    try:
-        pids = _list_descendants()
-    except Exception:
-        return ChildrenReading()
-    if not pids:
-        return ChildrenReading(uss=0 if uss else None, pss=0 if uss else None)
+def _sum_memory(pids: tuple[int, ...], uss: bool) -> ChildrenReading:
+    """The summed RSS (and with ``uss=True`` USS and PSS) of ``pids``, in bytes; a process
+    that ended, or is a zombie, is left out of ``pids`` and of the sums."""
     import psutil
 
     kept: list[int] = []
@@ -236,6 +230,57 @@ def read_children(uss: bool = False) -> ChildrenReading:
             continue
         kept.append(pid)
     return ChildrenReading(pids=tuple(kept), rss=rss, uss=uss_sum, pss=pss_sum)
+
+
+def read_children(uss: bool = False) -> ChildrenReading:
+    """Read this process's descendants now: their PIDs and summed RSS, and with ``uss=True``
+    their summed USS and PSS (slower: it walks every mapping of each). Sizes in bytes.
+    Never raises: a process that ends while it is read is left out."""
+    try:
+        pids = _list_descendants()
+    except Exception:
+        return ChildrenReading()
+    if not pids:
+        return ChildrenReading(uss=0 if uss else None, pss=0 if uss else None)
+    return _sum_memory(pids, uss)
+
+
+@dataclass(frozen=True)
+class ProcessTreeReading:
+    """Another process and its descendants (a Jupyter kernel and its workers). Sizes in bytes.
+
+    Attributes:
+        pid: the process asked about.
+        alive: whether it was running when read (``False``: it ended, or never existed here).
+        pids: it and its descendants that were read, parents before children; zombies left out.
+        rss: their RSS, summed (shared pages counted once per process that maps them).
+        uss: their USS (private pages), summed; ``None`` unless asked for, or when one could
+            not be read (another user's process).
+    """
+
+    pid: int
+    alive: bool
+    pids: tuple[int, ...] = ()
+    rss: int = 0
+    uss: Optional[int] = None
+
+
+def read_process_tree(pid: int, uss: bool = False) -> ProcessTreeReading:
+    """Read process ``pid`` and its descendants now: their PIDs and summed RSS, and with
+    ``uss=True`` their summed USS (slower). Sizes in bytes. Never raises: a process that ends
+    while it is read is left out, and a ``pid`` that is gone reads as ``alive=False``."""
+    try:
+        kids: Optional[tuple[int, ...]] = descendant_pids(pid) if _LINUX and _PROC_CHILDREN is not False else None
+        if kids is None:
+            import psutil
+
+            kids = tuple(p.pid for p in psutil.Process(pid).children(recursive=True))
+        got = _sum_memory((pid,) + kids, uss)
+    except Exception:  # psutil.NoSuchProcess from children(), or a /proc race
+        return ProcessTreeReading(pid=pid, alive=False)
+    if pid not in got.pids:
+        return ProcessTreeReading(pid=pid, alive=False)
+    return ProcessTreeReading(pid=pid, alive=True, pids=got.pids, rss=got.rss, uss=got.uss)
 
 
 def reset_peak_rss() -> bool:

@@ -66,6 +66,9 @@ class NvmlDevice:
             ``children`` given to :func:`read_nvml`), or ``None`` when NVML gives no figure
             for one of them; 0 when none is listed.
         children_listed: how many of this process's descendants NVML lists.
+        processes: every PID NVML lists on this device (compute and graphics, once each), with
+            its memory in bytes or ``None`` when NVML gives no figure; sorted by PID. The PIDs
+            are the driver's: in a container they may not exist in this PID namespace.
         unattributed_used: memory of listed PIDs that this PID namespace cannot see (a
             container), or ``None`` when NVML gives no figure for one of them.
         hidden_pids: how many listed PIDs this namespace cannot see.
@@ -100,6 +103,7 @@ class NvmlDevice:
     readable: bool = True
     children_used: Optional[int] = 0
     children_listed: int = 0
+    processes: tuple[tuple[int, Optional[int]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -462,7 +466,7 @@ class _Nvml:
             unified_memory=unified, note=note, gpu_instance_id=dev.gpu_instance_id,
             compute_instance_id=dev.compute_instance_id,
             unattributed_used=hidden_mem, hidden_pids=hidden, process_list=versions[0] if versions else None,
-            children_used=kids_mem, children_listed=kids_listed,
+            children_used=kids_mem, children_listed=kids_listed, processes=tuple(sorted(per_pid.items())),
         )
 
 

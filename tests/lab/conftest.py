@@ -1,0 +1,17 @@
+"""Jupyter Server's own pytest fixtures (``jp_fetch``, ``jp_serverapp``...), for this folder only.
+
+pytest-jupyter's plugin registers autouse fixtures (an event loop, a server cleanup) and a
+hook that runs ``async def`` tests; imported here, they apply to the server-extension tests
+and to nothing else in the suite.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pytest_jupyter.jupyter_server import *  # noqa: F401,F403
+
+
+@pytest.fixture
+def jp_server_config():  # noqa: F811 (replaces the plugin's empty config)
+    """vramlab's server extension on, and every endpoint behind authentication."""
+    return {"ServerApp": {"jpserver_extensions": {"vramlab.lab": True}, "allow_unauthenticated_access": False}}

@@ -1,0 +1,102 @@
+"""vramlab.lab.readings without a server: how a reading attributes memory to kernels, and how
+the service caches readings and keeps each kernel's history."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.driver_scenarios import GiB, MiB, gpu, machine
+from vramlab.lab.readings import KernelMemoryService, KernelRef, read_kernels
+
+
+@pytest.fixture
+def sleeper():
+    """A real process standing in for a kernel (PID, asleep)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def test_remote_and_gone_kernels_have_no_figures(nvml_sim, sleeper):
+    nvml_sim(machine(gpu(0, procs=[{"pid": sleeper, "mem": 1 * GiB}])))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    data = read_kernels([KernelRef("k", sleeper, "python3", "a.ipynb"), KernelRef("r", None, "python3"),
+                         KernelRef("g", gone.pid, "python3")])
+    k = {row["id"]: row for row in data["kernels"]}
+    assert k["k"]["state"] == "running" and k["k"]["gpu"] == [1 * GiB] and k["k"]["path"] == "a.ipynb"
+    assert k["r"]["state"] == "remote" and k["r"]["rss"] is None and "%vram" in k["r"]["note"]
+    assert k["g"]["state"] == "gone" and k["g"]["gpu"] == [None]
+    assert data["others"] == [0] and data["unattributed"] == []
+
+
+def test_visible_processes_that_are_no_kernels_are_others(nvml_sim, sleeper):
+    nvml_sim(machine(gpu(0, procs=[{"pid": "self", "mem": 300 * MiB}, {"pid": "parent", "mem": 2 * GiB},
+                                   {"pid": sleeper, "mem": 1 * GiB}])))
+    data = read_kernels([KernelRef("k", sleeper)])
+    assert data["kernels"][0]["gpu_used"] == 1 * GiB
+    assert data["others"] == [2 * GiB + 300 * MiB]
+
+
+def test_a_missing_figure_or_process_list_makes_the_kernels_share_unknown(nvml_sim, sleeper):
+    nvml_sim(machine(gpu(0, procs=[{"pid": sleeper, "mem": None}]), gpu(1, procs=[{"pid": sleeper, "mem": 5 * MiB}]),
+                     process_lists=["v3"]))
+    row = read_kernels([KernelRef("k", sleeper)])["kernels"][0]
+    assert row["gpu"] == [None, 5 * MiB] and row["gpu_used"] is None
+    nvml_sim(machine(gpu(0, procs=[{"pid": sleeper, "mem": 1 * GiB}]), process_lists=[]))
+    data = read_kernels([KernelRef("k", sleeper)])
+    assert data["kernels"][0]["gpu"] == [None]
+    assert any("no process list" in n for n in data["notes"])
+
+
+def test_without_nvml_the_reading_says_why(nvml_sim, sleeper):
+    nvml_sim(machine(init_error="LIBRARY_NOT_FOUND"))
+    data = read_kernels([KernelRef("k", sleeper)])
+    assert data["gpu"]["available"] is False and data["gpu"]["reason"]
+    assert data["kernels"][0]["rss"] > 0 and data["kernels"][0]["gpu"] == []
+
+
+def test_the_service_serves_one_reading_per_interval_and_keeps_history(nvml_sim, sleeper, monkeypatch):
+    nvml_sim(machine(gpu(0)))
+    clock = [1000.0]
+    from vramlab.lab import readings
+
+    monkeypatch.setattr(readings.time, "monotonic", lambda: clock[0])
+    s = KernelMemoryService(min_interval=1.0, history_seconds=10.0)
+    refs = [KernelRef("k", sleeper, "python3", "a.ipynb", "idle")]
+    first = s.read(refs)
+    again = s.read([KernelRef("k", sleeper, "python3", "b.ipynb", "busy")])
+    assert s.readings == 1 and again["time"] == first["time"]
+    assert again["kernels"][0]["path"] == "b.ipynb" and again["kernels"][0]["execution_state"] == "busy"
+    s.read(refs, uss=True)  # USS was not read: read anew
+    assert s.readings == 2
+    s.read(refs)  # a USS reading serves a plain request
+    assert s.readings == 2
+    for _ in range(3):
+        clock[0] += 1.5
+        latest = s.read(refs)
+    assert s.readings == 5
+    h = latest["kernels"][0]["history"]
+    assert len(h) == 5 and all(len(x) == 3 and x[1] > 0 for x in h)
+    assert [x[0] for x in h] == sorted(x[0] for x in h)
+    s.read([])  # the kernel is gone: its history too
+    assert s._history == {}
+
+
+def test_history_keeps_only_the_window(nvml_sim, sleeper, monkeypatch):
+    nvml_sim(machine(gpu(0)))
+    from vramlab.lab import readings
+
+    now = [0.0]
+    monkeypatch.setattr(readings.time, "time", lambda: now[0])
+    s = KernelMemoryService(min_interval=0.0, history_seconds=10.0)
+    for t in range(0, 30, 2):
+        now[0] = float(t)
+        h = s.read([KernelRef("k", sleeper)])["kernels"][0]["history"]
+    assert [x[0] for x in h] == [18.0, 20.0, 22.0, 24.0, 26.0, 28.0]

@@ -1,0 +1,102 @@
+"""The server extension's HTTP handlers (tornado, through Jupyter Server's ``APIHandler``).
+
+``GET <base_url>/vramlab/kernels[?uss=1]``: every running kernel's memory, as
+:func:`vramlab.lab.readings.read_kernels` describes it, plus the refresh ``interval`` (seconds)
+the frontend polls at. Authenticated and authorized as reading the ``kernels`` resource, as
+Jupyter's own kernel API is. The reading runs on a worker thread, so a slow ``/proc`` or a
+hung NVML call never blocks the server's event loop, and it is cached for
+``VramlabLab.min_interval`` seconds, so that many tabs cost one reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Optional
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from . import ENDPOINT
+from .config import VramlabLab
+from .readings import KernelMemoryService, KernelRef
+
+__all__ = ["KernelsMemoryHandler", "setup_handlers", "kernel_refs"]
+
+
+def _kernel_pid(km: Any) -> Optional[int]:
+    """The PID of the kernel's local process, or ``None`` when this server does not run it."""
+    prov = getattr(km, "provisioner", None)
+    pid = getattr(prov, "pid", None)
+    if pid is None:
+        pid = getattr(getattr(prov, "process", None), "pid", None)
+    return int(pid) if isinstance(pid, int) else None
+
+
+async def kernel_refs(kernel_manager: Any, session_manager: Any) -> list[KernelRef]:
+    """The server's running kernels, each with its PID and its session's notebook path.
+
+    A kernel that is shut down between the listing and the lookup is left out; a session
+    manager that fails leaves the paths empty. Never raises."""
+    try:
+        listed = list(kernel_manager.list_kernels())
+    except Exception:
+        return []
+    paths: dict[str, str] = {}
+    if session_manager is not None:
+        try:
+            for s in await session_manager.list_sessions():
+                kid = (s.get("kernel") or {}).get("id")
+                if kid and s.get("path"):
+                    paths[kid] = s["path"]
+        except Exception:
+            pass
+    refs = []
+    for k in listed:
+        kid = k.get("id")
+        if not kid:
+            continue
+        try:
+            km = kernel_manager.get_kernel(kid)
+        except Exception:  # KeyError: shut down meanwhile
+            continue
+        refs.append(KernelRef(id=kid, pid=_kernel_pid(km), name=str(k.get("name") or ""), path=paths.get(kid),
+                              execution_state=str(k.get("execution_state") or "unknown")))
+    return refs
+
+
+class KernelsMemoryHandler(APIHandler):
+    """``GET``: each kernel's memory (JSON, sizes in bytes, times in seconds)."""
+
+    auth_resource = "kernels"
+
+    def initialize(self, service: KernelMemoryService, settings: VramlabLab) -> None:
+        self.service = service
+        self.lab_settings = settings
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        uss = self.get_argument("uss", "0").lower() in ("1", "true", "yes")
+        refs = await kernel_refs(self.kernel_manager, self.settings.get("session_manager"))
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(None, self.service.read, refs, uss)
+        out = {**data, "interval": self.lab_settings.refresh_interval,
+               "warn_fraction": self.lab_settings.warn_fraction}
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(out))
+
+
+def setup_handlers(server_app: Any) -> KernelMemoryService:
+    """Add the handlers under the server's base URL; returns the service they share."""
+    settings = VramlabLab(parent=server_app)
+    service = KernelMemoryService(min_interval=settings.min_interval, history_seconds=settings.history_seconds)
+    web_app = server_app.web_app
+    base_url = web_app.settings["base_url"]
+    route = url_path_join(base_url, ENDPOINT, "kernels")
+    web_app.add_handlers(".*$", [(route, KernelsMemoryHandler, {"service": service, "settings": settings})])
+    web_app.settings["vramlab_service"] = service
+    server_app.log.info("vramlab: each kernel's memory at %s", route)
+    return service
