@@ -102,7 +102,12 @@ export class KernelsPanel extends Widget {
     const head = el('div', 'vramlab-Kernel-head');
     const title = el('span', 'vramlab-Kernel-title', kernelTitle(k));
     title.title = k.path ?? k.id;
-    const state = el('span', 'vramlab-Kernel-state', `${k.name} · ${k.state === 'running' ? k.execution_state : k.state}`);
+    const pid = k.pid !== null ? ` · PID ${k.pid}` : '';
+    const state = el(
+      'div',
+      'vramlab-Kernel-state',
+      `${k.name} · ${k.state === 'running' ? k.execution_state : k.state}${pid}`
+    );
     const open = el('button', 'jp-Button jp-mod-styled vramlab-Kernel-open', 'Open');
     open.title = k.path ? `Open ${k.path}` : 'This kernel has no notebook';
     open.disabled = !k.path;
@@ -111,8 +116,8 @@ export class KernelsPanel extends Widget {
         void this._commands.execute('docmanager:open', { path: k.path });
       }
     });
-    head.append(title, state, open);
-    card.append(head);
+    head.append(title, open);
+    card.append(head, state);
     if (k.state !== 'running') {
       card.append(el('div', 'vramlab-Kernel-note', k.note ?? k.state));
       return card;
@@ -123,7 +128,7 @@ export class KernelsPanel extends Widget {
       figures.push(`${k.pids.length} processes`);
     }
     card.append(el('div', 'vramlab-Kernel-figures', figures.join(' · ')));
-    card.append(this._sparkline(r, k));
+    card.append(this._sparkline(r, k), this._caption(r, k));
     return card;
   }
 
@@ -149,6 +154,19 @@ export class KernelsPanel extends Widget {
     t.textContent = `last ${Math.round(span / 60)} min: host RAM` + (r.gpu.available ? ' and GPU memory' : '');
     svg.append(t);
     return svg;
+  }
+
+  private _caption(r: IReading, k: IKernelRow): HTMLElement {
+    const h = k.history ?? [];
+    const span = h.length > 1 ? h[h.length - 1][0] - h[0][0] : 0;
+    const peak = (i: 1 | 2): number | null =>
+      h.reduce<number | null>((m, x) => (x[i] === null ? m : Math.max(m ?? 0, x[i] as number)), null);
+    const parts = [`peak RAM ${formatBytes(peak(1))}`];
+    if (r.gpu.available) {
+      parts.push(`peak GPU ${formatBytes(peak(2))}`);
+    }
+    const when = span >= 120 ? `${Math.round(span / 60)} min` : `${Math.round(span)} s`;
+    return el('div', 'vramlab-Sparkline-caption', `${parts.join(' · ')} over the last ${when}`);
   }
 
   dispose(): void {

@@ -40,6 +40,24 @@ def nvml_sim(monkeypatch):
     return use
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's, driven by playwright) for the browser tests of one module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import CHROMIUM, LAUNCH_ARGS  # skips the test when there is no Chromium
+
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+    finally:
+        pw.stop()
+
+
 @pytest.fixture
 def recorded_history():
     """A History of three real cell records (cell 7), four samples and one marker."""

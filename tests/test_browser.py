@@ -39,7 +39,7 @@ README_SHOT = REPO / "docs" / "img" / "monitor.png"
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"no Chromium at {CHROMIUM} (Debian's chromium package; .ci/run installs it)", allow_module_level=True)
 try:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 except ImportError:
     pytest.skip("the playwright package is not installed (it is in the test extra)", allow_module_level=True)
 
@@ -194,19 +194,6 @@ def server(tmp_path_factory):
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    pw = sync_playwright().start()
-    try:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-    finally:
-        pw.stop()
 
 
 class Page:

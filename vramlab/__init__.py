@@ -99,6 +99,17 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the prebuilt JupyterLab extension lies in this package (read by ``jupyter
+    labextension develop``; the wheel installs it under ``share/jupyter/labextensions``)."""
+    return [{"src": "labextension", "dest": "vramlab"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The Jupyter Server extension is :mod:`vramlab.lab` (``jupyter server extension list``)."""
+    return [{"module": "vramlab.lab"}]
+
+
 def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext vramlab``: registers the ``%vram`` magic."""
     from .ipython.extension import load
