@@ -63,7 +63,7 @@ def test_the_wheel_requires_torch_and_matplotlib_only_under_extras(wheel):
             extras.setdefault(m.group(1), set()).add(_name(r))
     assert "torch" in extras["sim"] and "matplotlib" in extras["plot"]
     assert {"torch", "matplotlib", "jupyterlab", "notebook"} <= extras["workbook"]
-    assert "lab" not in extras  # it clashed with the old vramlab.lab module
+    assert "lab" not in extras  # it clashed with the old vramlab.server module
     assert not any("torch" in r and "<" in r for r in reqs), "no upper bound on torch: any newer torch is kept"
 
 
@@ -133,7 +133,7 @@ def test_the_wheel_carries_the_prebuilt_lab_extension_and_enables_the_server_ext
         assert "share/jupyter/labextensions/vramlab/install.json" in lab
         assert any(re.fullmatch(r"share/jupyter/labextensions/vramlab/static/remoteEntry\.[0-9a-f]+\.js", n) for n in lab)
         (conf,) = [n for n in data if n.endswith("etc/jupyter/jupyter_server_config.d/vramlab.json")]
-        assert json.loads(z.read(conf)) == {"ServerApp": {"jpserver_extensions": {"vramlab.lab": True}}}
+        assert json.loads(z.read(conf)) == {"ServerApp": {"jpserver_extensions": {"vramlab.server": True}}}
         (pkg,) = [n for n in data if n.endswith("labextensions/vramlab/package.json")]
         built = json.loads(z.read(pkg))
     source = json.loads((ROOT / "package.json").read_text())
@@ -141,7 +141,7 @@ def test_the_wheel_carries_the_prebuilt_lab_extension_and_enables_the_server_ext
 
     assert built["name"] == source["name"] == "vramlab"
     assert built["version"] == source["version"] == __version__, "package.json follows vramlab/_version.py"
-    assert "vramlab/lab/handlers.py" in names and not any("node_modules" in n for n in names)
+    assert "vramlab/server/handlers.py" in names and not any("node_modules" in n for n in names)
 
 
 def test_an_sdist_with_the_built_extension_makes_a_wheel_without_node(tmp_path):

@@ -106,8 +106,8 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    """The Jupyter Server extension is :mod:`vramlab.lab` (``jupyter server extension list``)."""
-    return [{"module": "vramlab.lab"}]
+    """The Jupyter Server extension is :mod:`vramlab.server` (``jupyter server extension list``)."""
+    return [{"module": "vramlab.server"}]
 
 
 def load_ipython_extension(ip: Any) -> None:

@@ -1,4 +1,4 @@
-"""vramlab.lab.readings without a server: how a reading attributes memory to kernels, and how
+"""vramlab.server.readings without a server: how a reading attributes memory to kernels, and how
 the service caches readings and keeps each kernel's history."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.driver_scenarios import GiB, MiB, gpu, machine
-from vramlab.lab.readings import KernelMemoryService, KernelRef, read_kernels
+from vramlab.server.readings import KernelMemoryService, KernelRef, read_kernels
 
 
 @pytest.fixture
@@ -65,10 +65,11 @@ def test_without_nvml_the_reading_says_why(nvml_sim, sleeper):
 def test_the_service_serves_one_reading_per_interval_and_keeps_history(nvml_sim, sleeper, monkeypatch):
     nvml_sim(machine(gpu(0)))
     clock = [1000.0]
-    from vramlab.lab import readings
+    from vramlab.server import readings
 
     monkeypatch.setattr(readings.time, "monotonic", lambda: clock[0])
-    s = KernelMemoryService(min_interval=1.0, history_seconds=10.0)
+    monkeypatch.setattr(readings.time, "time", lambda: clock[0])
+    s = KernelMemoryService(min_interval=1.0, history_seconds=60.0)
     refs = [KernelRef("k", sleeper, "python3", "a.ipynb", "idle")]
     first = s.read(refs)
     again = s.read([KernelRef("k", sleeper, "python3", "b.ipynb", "busy")])
@@ -83,7 +84,7 @@ def test_the_service_serves_one_reading_per_interval_and_keeps_history(nvml_sim,
         latest = s.read(refs)
     assert s.readings == 5
     h = latest["kernels"][0]["history"]
-    assert len(h) == 5 and all(len(x) == 3 and x[1] > 0 for x in h)
+    assert len(h) == 4 and all(len(x) == 3 and x[1] > 0 for x in h)  # the two readings at 1000 s share a point
     assert [x[0] for x in h] == sorted(x[0] for x in h)
     s.read([])  # the kernel is gone: its history too
     assert s._history == {}
@@ -91,7 +92,7 @@ def test_the_service_serves_one_reading_per_interval_and_keeps_history(nvml_sim,
 
 def test_history_keeps_only_the_window(nvml_sim, sleeper, monkeypatch):
     nvml_sim(machine(gpu(0)))
-    from vramlab.lab import readings
+    from vramlab.server import readings
 
     now = [0.0]
     monkeypatch.setattr(readings.time, "time", lambda: now[0])
@@ -100,3 +101,26 @@ def test_history_keeps_only_the_window(nvml_sim, sleeper, monkeypatch):
         now[0] = float(t)
         h = s.read([KernelRef("k", sleeper)])["kernels"][0]["history"]
     assert [x[0] for x in h] == [18.0, 20.0, 22.0, 24.0, 26.0, 28.0]
+
+
+def test_readings_closer_than_a_slot_share_one_point_with_their_peak(nvml_sim, sleeper, monkeypatch):
+    from vramlab.server import readings
+
+    nvml_sim(machine(gpu(0, procs=[{"pid": sleeper, "mem": 1 * GiB}])))
+    now = [1000.0]
+    monkeypatch.setattr(readings.time, "time", lambda: now[0])
+    s = KernelMemoryService(min_interval=0.0, history_seconds=readings.HISTORY_POINTS * 1.0)  # 1 s slots
+    refs = [KernelRef("k", sleeper)]
+    figures = iter([100, 300, 200, 50])
+    real = readings.read_kernels
+
+    def fake_rss(kernels, uss=False):
+        data = real(kernels, uss)
+        data["kernels"][0]["rss"] = next(figures)
+        return data
+
+    monkeypatch.setattr(readings, "read_kernels", fake_rss)
+    for t in (1000.1, 1000.5, 1000.9, 1001.2):
+        now[0] = t
+        h = s.read(refs)["kernels"][0]["history"]
+    assert h == [[1000.9, 300, 1 * GiB], [1001.2, 50, 1 * GiB]]

@@ -14,4 +14,4 @@ from pytest_jupyter.jupyter_server import *  # noqa: F401,F403
 @pytest.fixture
 def jp_server_config():  # noqa: F811 (replaces the plugin's empty config)
     """vramlab's server extension on, and every endpoint behind authentication."""
-    return {"ServerApp": {"jpserver_extensions": {"vramlab.lab": True}, "allow_unauthenticated_access": False}}
+    return {"ServerApp": {"jpserver_extensions": {"vramlab.server": True}, "allow_unauthenticated_access": False}}

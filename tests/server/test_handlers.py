@@ -110,7 +110,7 @@ async def test_an_unauthenticated_request_is_refused(jp_fetch):
 
 
 async def test_a_kernel_that_dies_between_listing_and_reading(jp_fetch, jp_serverapp, monkeypatch):
-    from vramlab.lab import handlers
+    from vramlab.server import handlers
 
     a, kma, kca = await start_kernel(jp_fetch, jp_serverapp)
     b, _, kcb = await start_kernel(jp_fetch, jp_serverapp)
@@ -161,7 +161,54 @@ async def test_the_route_lives_under_the_base_url(jp_fetch, jp_base_url, http_se
 
 def test_the_wheel_config_enables_the_server_extension():
     conf = json.loads((Path(__file__).resolve().parents[2] / "jupyter-config" / "server-config" / "vramlab.json").read_text())
-    assert conf == {"ServerApp": {"jpserver_extensions": {"vramlab.lab": True}}}
-    import vramlab.lab
+    assert conf == {"ServerApp": {"jpserver_extensions": {"vramlab.server": True}}}
+    import vramlab.server
 
-    assert vramlab.lab._jupyter_server_extension_points() == [{"module": "vramlab.lab"}]
+    assert vramlab.server._jupyter_server_extension_points() == [{"module": "vramlab.server"}]
+
+
+class _Manager:
+    """A kernel manager as a gateway or a remote provisioner presents it: kernels listed, no local process."""
+
+    def __init__(self, kernels, provisioners):
+        self.kernels, self.provisioners = kernels, provisioners
+
+    def list_kernels(self):
+        return [{"id": k, "name": "python3", "execution_state": "idle"} for k in self.kernels]
+
+    def get_kernel(self, kid):
+        if kid not in self.provisioners:
+            raise KeyError(kid)  # shut down between the listing and the lookup
+        return type("KM", (), {"provisioner": self.provisioners[kid]})()
+
+
+class _Sessions:
+    async def list_sessions(self):
+        return [{"path": "gw.ipynb", "kernel": {"id": "gw"}}]
+
+
+async def test_gateway_and_remote_kernels_are_listed_without_a_local_pid():
+    from vramlab.server.handlers import kernel_refs
+
+    remote = type("RemoteProvisioner", (), {"pid": os.getpid()})()  # a PID of another host: not trusted
+    refs = await kernel_refs(_Manager(["gw", "rp", "shut"], {"gw": None, "rp": remote}), _Sessions())
+    assert [(r.id, r.pid, r.path) for r in refs] == [("gw", None, "gw.ipynb"), ("rp", None, None)]
+    from vramlab.server.readings import read_kernels
+
+    rows = read_kernels(refs)["kernels"]
+    assert [r["state"] for r in rows] == ["remote", "remote"]
+
+
+async def test_a_failing_session_manager_leaves_the_paths_empty():
+    from jupyter_client.provisioning import LocalProvisioner
+
+    from vramlab.server.handlers import kernel_refs
+
+    class Broken:
+        async def list_sessions(self):
+            raise RuntimeError("database is locked")
+
+    local = LocalProvisioner.__new__(LocalProvisioner)
+    local.pid = os.getpid()
+    refs = await kernel_refs(_Manager(["k"], {"k": local}), Broken())
+    assert [(r.id, r.pid, r.path) for r in refs] == [("k", os.getpid(), None)]

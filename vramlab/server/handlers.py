@@ -1,7 +1,7 @@
 """The server extension's HTTP handlers (tornado, through Jupyter Server's ``APIHandler``).
 
 ``GET <base_url>/vramlab/kernels[?uss=1]``: every running kernel's memory, as
-:func:`vramlab.lab.readings.read_kernels` describes it, plus the refresh ``interval`` (seconds)
+:func:`vramlab.server.readings.read_kernels` describes it, plus the refresh ``interval`` (seconds)
 the frontend polls at. Authenticated and authorized as reading the ``kernels`` resource, as
 Jupyter's own kernel API is. The reading runs on a worker thread, so a slow ``/proc`` or a
 hung NVML call never blocks the server's event loop, and it is cached for
@@ -27,8 +27,15 @@ __all__ = ["KernelsMemoryHandler", "setup_handlers", "kernel_refs"]
 
 
 def _kernel_pid(km: Any) -> Optional[int]:
-    """The PID of the kernel's local process, or ``None`` when this server does not run it."""
+    """The PID of the kernel's local process, or ``None`` when this server does not run it: a
+    gateway's kernel (Enterprise Gateway) has no provisioner here, and a remote provisioner's
+    PID (a container's, another host's) names no process of this machine, so only jupyter_client's
+    ``LocalProvisioner`` (and its subclasses) is trusted."""
+    from jupyter_client.provisioning import LocalProvisioner
+
     prov = getattr(km, "provisioner", None)
+    if not isinstance(prov, LocalProvisioner):
+        return None
     pid = getattr(prov, "pid", None)
     if pid is None:
         pid = getattr(getattr(prov, "process", None), "pid", None)

@@ -30,6 +30,11 @@ from ..units import format_bytes
 __all__ = ["KernelRef", "KernelMemoryService", "read_kernels", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
+HISTORY_POINTS = 150  # at most about this many points per kernel's history, whatever the polling rate
+
+
+def _max(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return b if a is None else a if b is None else max(a, b)
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,10 @@ class KernelMemoryService:
     Args:
         min_interval: a reading younger than this many seconds is served again instead of
             reading anew (for the same kernels, and with USS when USS is asked for).
-        history_seconds: how far back each kernel's history goes, in seconds.
+        history_seconds: how far back each kernel's history goes, in seconds. It keeps about
+            :data:`HISTORY_POINTS` points: readings closer together than ``history_seconds /
+            HISTORY_POINTS`` s (one slot) share one point, with the slot's largest figures (a
+            sparkline shows peaks) at its latest time.
     """
 
     def __init__(self, min_interval: float = 1.0, history_seconds: float = 600.0) -> None:
@@ -220,7 +228,13 @@ class KernelMemoryService:
             live.add(row["id"])
             h = self._history.setdefault(row["id"], deque())
             if row["state"] == "running":
-                h.append((t, row["rss"], row["gpu_used"]))
+                point = (t, row["rss"], row["gpu_used"])
+                step = self.history_seconds / HISTORY_POINTS
+                if h and step > 0 and int(h[-1][0] // step) == int(t // step):
+                    # the same slot as the last point: one point with the slot's largest figures
+                    last = h.pop()
+                    point = (t, _max(last[1], point[1]), _max(last[2], point[2]))
+                h.append(point)
             while h and h[0][0] < t - self.history_seconds:
                 h.popleft()
             row["history"] = [list(x) for x in h]

@@ -6,14 +6,14 @@ Two parts, installed together by ``pip install vramlab``:
   ``jupyter_server_config.d/vramlab.json`` file the wheel installs): ``GET
   <base_url>/vramlab/kernels`` answers, for each running kernel of the server, its PID
   tree's host memory and its GPU memory per device from NVML's process lists (see
-  :func:`vramlab.lab.readings.read_kernels`). Jupyter's own authentication guards it; no new
+  :func:`vramlab.server.readings.read_kernels`). Jupyter's own authentication guards it; no new
   port is opened.
 - a **JupyterLab 4 / Notebook 7 frontend extension** (TypeScript, prebuilt into the wheel's
   ``share/jupyter/labextensions/vramlab``): a status-bar item for the active notebook's
   kernel and a side panel that lists every kernel.
 
 Settings (``jupyter_server_config.py``, or ``--VramlabLab.refresh_interval=5`` on the command
-line): :class:`vramlab.lab.config.VramlabLab`.
+line): :class:`vramlab.server.config.VramlabLab`.
 
 The server imports neither torch nor IPython for this: the probes read ``/proc`` and NVML.
 """
@@ -29,7 +29,7 @@ ENDPOINT = "vramlab"  # the API's namespace under the server's base URL
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     """The server extension's entry point (read by Jupyter Server)."""
-    return [{"module": "vramlab.lab"}]
+    return [{"module": "vramlab.server"}]
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
