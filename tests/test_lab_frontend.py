@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,3 +37,23 @@ def test_the_built_extension_is_this_source():
     out = json.loads(built.read_text())
     assert out["name"] == src["name"] and out["version"] == src["version"]
     assert out["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
+
+
+def _jupyter(*args: str) -> str:
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "jupyter", *args], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL, env=dict(os.environ, NO_COLOR="1"),
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return re.sub(r"\x1b\[[0-9;]*m", "", r.stdout + r.stderr)
+
+
+def test_jupyter_lists_both_extensions_enabled():
+    """What pip installed: the prebuilt frontend extension and the server extension, both on by default."""
+    from vramlab import __version__
+
+    labext = _jupyter("labextension", "list")
+    assert re.search(rf"\bvramlab v{re.escape(__version__)} enabled OK\b", labext), labext
+    server = _jupyter("server", "extension", "list")
+    assert re.search(r"\bvramlab\.server enabled\b", server) and re.search(r"vramlab\.server\s+OK", server), server
