@@ -133,12 +133,27 @@ def main() -> None:
 
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 
+        # the raw calls read_nvml() makes, each kept only if the driver answers it here (a sandbox
+        # may refuse the process lists): the floor calls what vramlab can call, no more
+        candidates = {
+            "memory info v2": lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
+            "utilization": pynvml.nvmlDeviceGetUtilizationRates,
+            "compute processes": pynvml.nvmlDeviceGetComputeRunningProcesses,
+            "graphics processes": pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+        }
+        calls = []
+        for name, call in candidates.items():
+            try:
+                for h in handles:
+                    call(h)
+                calls.append(call)
+            except Exception as e:
+                print(f"raw NVML: {name} refused here ({type(e).__name__}: {e}); left out of the floor")
+
         def raw_nvml() -> None:
             for h in handles:
-                pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-                pynvml.nvmlDeviceGetUtilizationRates(h)
-                pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-                pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)
+                for call in calls:
+                    call(h)
 
         gpu = {"raw NVML calls": raw_nvml, "vramlab read_nvml()": read_nvml}
         try:

@@ -71,3 +71,56 @@ def test_the_notebook_runner_passes_fails_and_keeps_its_budget(tmp_path):
     assert "VRAMLAB_SIZE" not in os.environ or os.environ["VRAMLAB_SIZE"] != "large"
     late = gpu_report._notebooks(src, out, time.monotonic(), 120, stand_in, None)
     assert [r.status for r in late] == ["SKIP", "SKIP"] and "budget" in late[0].detail
+
+
+def test_a_notebook_stops_at_its_deadline_and_names_the_cell(tmp_path):
+    src, out = tmp_path / "nbs", tmp_path / "out"
+    src.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("print('first')"), nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]
+    nbformat.write(nb, src / "slow.ipynb")
+    t0 = time.monotonic()
+    (row,) = gpu_report._notebooks(src, out, time.monotonic() + 300, 15, object(), None)
+    assert time.monotonic() - t0 < 15 + 20  # its limit, plus a kernel's start and shutdown
+    assert row.status == "FAIL" and "cell 1 (`import time`)" in row.detail, row.detail
+    assert "\x1b" not in row.detail and "----" not in row.detail
+    saved = nbformat.read(out / "slow.ipynb", as_version=4)
+    assert saved.cells[0].outputs[0]["text"].strip() == "first"  # what ran before the deadline is kept
+
+
+def test_a_failure_loses_its_colour_codes_and_names_its_cell(tmp_path):
+    src, out = tmp_path / "nbs", tmp_path / "out"
+    src.mkdir()
+    _notebook(src / "f.ipynb", "# a comment first\nx = 1\nassert x == 2, 'the claim does not hold'")
+    (row,) = gpu_report._notebooks(src, out, time.monotonic() + 300, 120, object(), None)
+    assert row.status == "FAIL"
+    assert row.detail.split("; ", 1)[1].startswith("cell 0 (`x = 1`): CellExecutionError: AssertionError: the claim does not hold")
+    assert "\x1b" not in row.detail
+
+
+def test_kernels_draw_inline_even_when_the_report_runs_under_agg(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    src, out = tmp_path / "nbs", tmp_path / "out"
+    src.mkdir()
+    _notebook(src / "fig.ipynb", "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    (row,) = gpu_report._notebooks(src, out, time.monotonic() + 300, 120, object(), None)
+    assert row.status == "PASS", row.detail
+    outputs = nbformat.read(out / "fig.ipynb", as_version=4).cells[0].outputs
+    assert any("image/png" in o.get("data", {}) for o in outputs), outputs
+
+
+def test_the_report_is_rewritten_after_every_section(tmp_path):
+    seen = {}
+
+    def echo(line):
+        title = line.split(":", 1)[0]
+        seen[title] = (tmp_path / "out" / "report.md").read_text()
+
+    gpu_report.run_report(tmp_path / "out", notebooks=tmp_path / "none", echo=echo)
+    assert list(seen) == ["machine", "self-check", "sampler", "benchmark", "notebooks"]
+    assert "| machine |" in seen["machine"] and "| self-check |" not in seen["machine"]
+    assert "still going, or was stopped" in seen["machine"]
+    assert "| sampler |" in seen["sampler"] and "| notebooks |" not in seen["sampler"]
+    final = (tmp_path / "out" / "report.md").read_text()
+    assert "still going" not in final and "| notebooks |" in final

@@ -136,3 +136,22 @@ def test_run_checks_end_to_end_on_the_simulated_driver(tmp_path, procs, smi_tota
     out = sc.run_snapshot(scenario, env=env, code=code)
     assert (out[0][0], out[1][0]) == expect, out
     assert all(status == "SKIP" for status, _ in out[2:])  # torch.cuda is not available here
+
+
+def test_without_nvml_the_torch_only_checks_still_run(monkeypatch):
+    """NVML refused (a sandbox): the checks that need it say so instead of stopping the rest;
+    here torch has no CUDA either, so the CUDA checks say that (on a GPU they run)."""
+    import types
+
+    import vramlab.selftest as st
+    from vramlab.probes import nvml as nvml_mod
+
+    monkeypatch.setattr(nvml_mod, "read_nvml", lambda children=(): nvml_mod.NvmlReading(reason="NVML refused: sandbox"))
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False,
+                                                                  is_initialized=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    checks = {c.name: c for c in st.run_checks()}
+    assert checks[st.CHECKS[1]].status == "SKIP" and "NVML refused: sandbox" in checks[st.CHECKS[1]].detail
+    for name in st.CHECKS[2:]:
+        assert checks[name].status == "SKIP" and "torch.cuda is not available" in checks[name].detail, checks[name]
+    assert "NVML refused" in checks[st.CHECKS[0]].detail

@@ -8,7 +8,9 @@
 # It installs the wheels into /tmp/site, runs `python -m vramlab.gpu_report` (self-check,
 # notebooks on CUDA at their large sizes, the snapshot benchmark's GPU part, the sampler
 # under load and during CUDA graph capture) and leaves in $OUT (or ./gpu-report):
-# report.md, console.txt, and the executed notebooks as notebooks.tar.gz.
+# report.md (rewritten after every section, so a run that is stopped still brings back what it
+# measured), console.txt, and the executed notebooks as notebooks.tar.gz. The kernels draw
+# inline (no MPLBACKEND here), so the notebooks come back with their figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-report}"
@@ -19,12 +21,12 @@ if [ -d .whl ]; then
 else
     export PYTHONPATH="$PWD"
 fi
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONUNBUFFERED=1
+unset MPLBACKEND
 {
     nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,driver_version --format=csv || true
     python3 -c "import torch, IPython, ipykernel, nbclient; print('torch', torch.__version__, 'IPython', IPython.__version__)"
-    timeout 470 python3 -m vramlab.gpu_report /tmp/gpu-report
+    timeout -k 10 470 python3 -m vramlab.gpu_report "$out" --notebooks-out /tmp/gpu-report/notebooks
     echo "gpu_report exit status: $?"
 } 2>&1 | tee "$out/console.txt"
-cp /tmp/gpu-report/report.md "$out/report.md" 2>/dev/null
 tar -czf "$out/notebooks.tar.gz" -C /tmp/gpu-report notebooks 2>/dev/null || true

@@ -29,6 +29,8 @@ import argparse
 import datetime as _dt
 import os
 import platform
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -95,43 +97,118 @@ def _selfcheck(log: list[str]) -> list[Row]:
     return [Row("self-check", c.name, c.status, c.detail) for c in checks]
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: A notebook starts only when at least this many seconds of the budget are left.
+MIN_START_S = 45
+
+
+def _clean(text: str) -> str:
+    """``text`` without terminal colour codes."""
+    return _ANSI.sub("", text)
+
+
+def _notebook_child(path: str, out: str, limit_s: float) -> None:
+    """Run one notebook (in its own process): save it after every cell, stop at a real deadline,
+    and print one JSON line: ``{"status", "detail", "cell"}``."""
+    import json
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    deadline = time.monotonic() + limit_s
+    nb = nbformat.read(path, as_version=4)
+    current: dict[str, Any] = {"index": None}
+
+    def started(cell: Any, cell_index: int, **kw: Any) -> None:
+        current["index"] = cell_index
+
+    def executed(cell: Any, cell_index: int, **kw: Any) -> None:
+        nbformat.write(nb, out)  # what ran so far survives a kill
+
+    client = NotebookClient(nb, timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
+                            kernel_name="python3", resources={"metadata": {"path": str(Path(path).parent)}},
+                            on_cell_start=started, on_cell_executed=executed)
+    status, detail = "PASS", ""
+    try:
+        client.execute()
+    except Exception as e:
+        i = current["index"]
+        where = "" if i is None else f"cell {i} (`{_first_line(nb.cells[i].source)}`): "
+        lines = [ln for ln in _clean(str(e)).splitlines() if ln.strip() and not set(ln.strip()) <= set("-=^")]
+        errors = [ln for ln in lines if "Error" in ln or "timed out" in ln or "Timeout" in ln]
+        status, detail = "FAIL", where + f"{type(e).__name__}: " + ((errors or lines or [""])[-1].strip()[:300])
+    nbformat.write(nb, out)
+    print(json.dumps({"status": status, "detail": detail, "cell": current["index"]}), flush=True)
+
+
+def _first_line(source: str) -> str:
+    lines = [ln for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return (lines[0] if lines else "").strip()[:60]
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
 def _notebooks(src: Path, out: Path, deadline: float, per_notebook_s: int, torch: Any,
-               why: Optional[str]) -> list[Row]:
+               why: Optional[str], on_row: Callable[[Row], None] = lambda r: None) -> list[Row]:
+    """Each notebook in its own process with a real deadline: ``min(per_notebook_s, what is
+    left of the budget)``, after which it and its kernel are killed; none starts with less than
+    :data:`MIN_START_S` left. Kernels draw inline (MPLBACKEND is not passed on)."""
+    import json
+
     paths = sorted(src.glob("*.ipynb")) if src.is_dir() else []
     if not paths:
         return [Row("notebooks", str(src), "SKIP", "no notebooks found there")]
     if torch is None:
         return [Row("notebooks", p.stem, "SKIP", f"{why}: CI runs them on the virtual GPU") for p in paths]
-    import nbformat
-    from nbclient import NotebookClient
-
     out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # the kernels' default: inline figures
+    env.update(VRAMLAB_SIZE="large", PYTHONUNBUFFERED="1")
     rows = []
-    env_before = os.environ.get("VRAMLAB_SIZE")
-    os.environ["VRAMLAB_SIZE"] = "large"  # the kernels inherit it
-    try:
-        for p in paths:
-            left = deadline - time.monotonic()
-            if left < 20:
-                rows.append(Row("notebooks", p.stem, "SKIP", "the report's time budget is spent"))
-                continue
-            nb = nbformat.read(p, as_version=4)
-            t0 = time.perf_counter()
-            try:
-                NotebookClient(nb, timeout=int(min(per_notebook_s, left)), kernel_name="python3",
-                               resources={"metadata": {"path": str(src)}}).execute()
-                status, detail = "PASS", ""
-            except Exception as e:
-                last = str(e).strip().splitlines()[-1:] or [type(e).__name__]
-                status, detail = "FAIL", f"{type(e).__name__}: {last[0][:300]}"
-            dt = time.perf_counter() - t0
-            nbformat.write(nb, out / p.name)
-            rows.append(Row("notebooks", p.stem, status, f"{dt:.1f} s on CUDA, large sizes" + (f"; {detail}" if detail else "")))
-    finally:
-        if env_before is None:
-            os.environ.pop("VRAMLAB_SIZE", None)
-        else:
-            os.environ["VRAMLAB_SIZE"] = env_before
+    for p in paths:
+        left = deadline - time.monotonic()
+        if left < MIN_START_S:
+            row = Row("notebooks", p.stem, "SKIP", f"the report's time budget is spent ({max(left, 0):.0f} s left, "
+                                                   f"a notebook starts with {MIN_START_S} s or more)")
+            rows.append(row)
+            on_row(row)
+            continue
+        limit = min(per_notebook_s, left)
+        t0 = time.perf_counter()
+        code = "import sys\nfrom vramlab.gpu_report import _notebook_child\n_notebook_child(sys.argv[1], sys.argv[2], float(sys.argv[3]))"
+        proc = subprocess.Popen([sys.executable, "-c", code, str(p), str(out / p.name), str(limit - 5)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdin=subprocess.DEVNULL, cwd=str(src),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            stdout, stderr = proc.communicate(timeout=limit + 10)
+            got = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+            if got:
+                result = json.loads(got[-1])
+                status, detail = result["status"], result["detail"]
+            else:
+                tail = _clean(stderr).strip().splitlines()[-1:] or [""]
+                status, detail = "FAIL", f"the runner printed no result (exit {proc.returncode}) {tail[0][:300]}".rstrip()
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            proc.communicate()
+            status, detail = "FAIL", f"killed at its deadline of {limit:.0f} s (cells before it are saved)"
+        dt = time.perf_counter() - t0
+        row = Row("notebooks", p.stem, status, f"{dt:.1f} s on CUDA, large sizes" + (f"; {detail}" if detail else ""))
+        rows.append(row)
+        on_row(row)
     return rows
 
 
@@ -233,47 +310,63 @@ def _sampler(torch: Any, why: Optional[str]) -> list[Row]:
 
 def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
                benchmark: Path = Path("benchmarks/bench_snapshot.py"), budget_s: float = 420.0,
-               per_notebook_s: int = 120, echo: Callable[[str], None] = lambda s: None) -> list[Row]:
-    """Run every section and write ``outdir/report.md``; returns the rows."""
+               per_notebook_s: int = 120, echo: Callable[[str], None] = lambda s: None,
+               notebooks_out: Optional[Path] = None) -> list[Row]:
+    """Run every section and write ``outdir/report.md``; returns the rows.
+
+    ``report.md`` is rewritten after every section and every notebook, so a run that is
+    killed leaves what it had measured. The executed notebooks go to ``notebooks_out``
+    (default ``outdir/notebooks``)."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
     outdir.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
     rows: list[Row] = []
 
+    def save(done: bool = False) -> None:
+        _write(outdir / "report.md", rows, log, time.monotonic() - t0, done)
+
     def section(title: str, fn: Callable[[], list[Row]]) -> None:
         s0 = time.perf_counter()
+        n = len(rows)
         try:
             got = fn()
         except Exception as e:  # a section that crashes has failed, the others still run
-            got = [Row(title, "(section)", "FAIL", f"{type(e).__name__}: {e}")]
+            got = [Row(title, "(section)", "FAIL", _clean(f"{type(e).__name__}: {e}"))]
+        del rows[n:]  # rows a section reported as it went (on_row) are replaced by its list
         rows.extend(got)
+        save()
         echo(f"{title}: {time.perf_counter() - s0:.1f} s, " + ", ".join(f"{r.name} {r.status}" for r in got))
+
+    def progress(row: Row) -> None:
+        rows.append(row)
+        save()
 
     section("machine", _environment)
     section("self-check", lambda: _selfcheck(log))
     torch, why = _cuda()
     section("sampler", lambda: _sampler(torch, why))
     section("benchmark", lambda: _benchmark(benchmark, torch, why, log))
-    section("notebooks", lambda: _notebooks(notebooks, outdir / "notebooks", deadline, per_notebook_s, torch, why))
-    elapsed = time.monotonic() - t0
-    _write(outdir / "report.md", rows, log, elapsed)
+    section("notebooks", lambda: _notebooks(notebooks, notebooks_out or outdir / "notebooks", deadline, per_notebook_s,
+                                            torch, why, on_row=progress))
+    save(done=True)
     return rows
 
 
-def _write(path: Path, rows: Sequence[Row], log: Sequence[str], elapsed: float) -> None:
+def _write(path: Path, rows: Sequence[Row], log: Sequence[str], elapsed: float, done: bool = True) -> None:
     counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP", "INFO")}
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    state = "in" if done else "so far (the run is still going, or was stopped), after"
     lines = [f"# vramlab GPU report, {when}", "",
              f"`python -m vramlab.gpu_report`: {counts['PASS']} passed, {counts['FAIL']} failed, "
-             f"{counts['SKIP']} skipped, in {elapsed:.0f} s.", "",
+             f"{counts['SKIP']} skipped, {state} {elapsed:.0f} s.", "",
              "| section | check | status | detail |", "|---|---|---|---|"]
     for r in rows:
-        detail = r.detail.replace("|", "\\|").replace("\n", " ")
+        detail = _clean(r.detail).replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r.section} | {r.name} | {r.status} | {detail} |")
     if any(entry.strip() for entry in log):
         lines += ["", "## Output", "", "```"]
-        lines += [entry.rstrip() for entry in log if entry.strip()]
+        lines += [_clean(entry).rstrip() for entry in log if entry.strip()]
         lines += ["```"]
     path.write_text("\n".join(lines) + "\n")
 
@@ -288,9 +381,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="the snapshot benchmark script (default benchmarks/bench_snapshot.py)")
     p.add_argument("--budget", type=float, default=420.0, metavar="SECONDS",
                    help="no notebook starts after this many seconds (default 420)")
+    p.add_argument("--notebooks-out", type=Path, default=None, metavar="DIR",
+                   help="where the executed notebooks go (default OUTDIR/notebooks)")
     args = p.parse_args(argv)
     rows = run_report(args.outdir, notebooks=args.notebooks, benchmark=args.benchmark, budget_s=args.budget,
-                      echo=lambda s: print(s, flush=True))
+                      echo=lambda s: print(s, flush=True), notebooks_out=args.notebooks_out)
     print(f"wrote {args.outdir / 'report.md'}")
     return 1 if any(r.status == "FAIL" for r in rows) else 0
 

@@ -1,6 +1,9 @@
 """``python -m vramlab.selftest``: run every GPU-dependent path and print a PASS/FAIL table.
 
-With no GPU (or no NVML) each check is reported as skipped and the exit status is 0.
+With no GPU each check is reported as skipped and the exit status is 0. Without NVML (a
+sandbox that refuses it, no driver library) the checks that need it are skipped with the
+reason, and those that need only torch (no context on read, the 1 GiB allocation's torch
+figures, the estimator) still run.
 On a CUDA machine it checks, in this order:
 
 1. reading (a snapshot with torch imported) creates no CUDA context;
@@ -229,10 +232,8 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
             add(name, (False, f"{type(e).__name__}: {e}"))
 
     nv = read_nvml()
-    if nv.reason or not nv.devices:
-        for n in CHECKS:
-            add(n, (None, f"skipped: {nv.reason or 'no NVIDIA device'}"))
-        return checks
+    # without NVML, the checks that need it are skipped and the torch-only ones still run
+    no_nvml = f"skipped: {nv.reason or 'NVML found no NVIDIA device'}" if nv.reason or not nv.devices else None
     torch: Any
     try:
         import torch
@@ -244,6 +245,8 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     # 1. no context on read
     if torch is None:
         add(CHECKS[0], (None, torch_reason))
+    elif not cuda_ok and no_nvml:
+        add(CHECKS[0], (None, f"torch.cuda is not available and NVML neither: {no_nvml}"))
     else:
         def no_context() -> Verdict:
             was = torch.cuda.is_initialized()
@@ -258,7 +261,9 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     except Exception as e:
         smi = None
         log(f"nvidia-smi failed: {e}")
-    if smi is None:
+    if no_nvml:
+        add(CHECKS[1], (None, no_nvml))
+    elif smi is None:
         add(CHECKS[1], (None, "nvidia-smi not found or failed"))
     else:
         guarded(CHECKS[1], lambda: check_nvidia_smi(read_nvml().devices, smi))
@@ -273,8 +278,11 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     torch.cuda.synchronize()
 
     # 3. mapping
-    guarded(CHECKS[2], lambda: check_mapping(
-        snapshot(), [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]))
+    if no_nvml:
+        add(CHECKS[2], (None, no_nvml))
+    else:
+        guarded(CHECKS[2], lambda: check_mapping(
+            snapshot(), [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]))
 
     # 4. 1 GiB allocation
     def allocation() -> Verdict:
@@ -289,13 +297,19 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     guarded(CHECKS[3], allocation)
 
     # 5. raw readings agree
-    guarded(CHECKS[4], lambda: check_readings(snapshot()))
+    if no_nvml:
+        add(CHECKS[4], (None, no_nvml))
+    else:
+        guarded(CHECKS[4], lambda: check_readings(snapshot()))
 
     # 6. mem_get_info
     def free_memory() -> Verdict:
         info = tuple(int(v) for v in torch.cuda.mem_get_info(0))
         return check_free_memory(snapshot().device("cuda:0"), info)  # type: ignore[arg-type]
-    guarded(CHECKS[5], free_memory)
+    if no_nvml:
+        add(CHECKS[5], (None, no_nvml))
+    else:
+        guarded(CHECKS[5], free_memory)
     torch.cuda.empty_cache()
 
     # 7. the estimator against the real allocator
