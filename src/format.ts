@@ -25,7 +25,7 @@ export interface IKernelRow {
   name: string;
   path: string | null;
   execution_state: string;
-  state: 'running' | 'gone' | 'remote';
+  state: 'running' | 'gone' | 'remote' | 'starting';
   pid: number | null;
   pids: number[];
   rss: number | null;
@@ -40,6 +40,8 @@ export interface IKernelRow {
 /** The server's answer. */
 export interface IReading {
   version: number;
+  /** set when the server served its last reading because a new one took too long */
+  stale?: boolean;
   time: number;
   interval: number;
   warn_fraction: number;
@@ -66,20 +68,24 @@ export interface IReading {
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
-/** The unit (a power of 1024) that shows `n` bytes with 1 to 3 digits before the point. */
+/** `v` as shown: one decimal below 100 (3.2, 12.5), none from 100 on (312); 80, not 80.0. */
+function digits(v: number): string {
+  const one = Math.round(v * 10) / 10;
+  return one >= 100 || Number.isInteger(one) ? Math.round(v).toFixed(0) : one.toFixed(1);
+}
+
+/**
+ * The unit (a power of 1024) that shows `n` bytes with 1 to 3 digits before the point, once
+ * rounded as shown: 1023.96 KiB shows as "1 MiB", not "1024 KiB".
+ */
 export function unitFor(n: number): number {
   let u = 0;
   let v = Math.abs(n);
-  while (v >= 1024 && u < UNITS.length - 1) {
+  while (u < UNITS.length - 1 && (v >= 1024 || Number(digits(v)) >= 1024)) {
     v /= 1024;
     u++;
   }
   return u;
-}
-
-function digits(v: number): string {
-  // 3.2, 12.5, 80, 312: one decimal below 100, none above
-  return v >= 100 || Number.isInteger(v) ? v.toFixed(0) : v.toFixed(1);
 }
 
 /** `n` bytes in binary units: "312 MiB", "3.2 GiB", "0 B"; "?" for an unknown figure. */
@@ -103,7 +109,10 @@ export function formatPair(part: number | null, whole: number | null): string {
   }
   const u = unitFor(whole);
   const shared = part / 1024 ** u;
-  if (part === 0 || u === unitFor(part) || shared >= 0.95) {
+  // share the whole's unit when the part reads well in it: not a part larger than the whole
+  // ("1017119 / 512 KiB"), nor one that would show as "0.0"
+  const p = unitFor(part);
+  if (part === 0 || (p <= u && (p === u || shared >= 0.95))) {
     return `${digits(shared)} / ${digits(whole / 1024 ** u)} ${UNITS[u]}`;
   }
   return `${formatBytes(part)} / ${formatBytes(whole)}`;
@@ -210,6 +219,7 @@ export function statusFor(r: IReading, kernelId: string | null): IStatus {
     };
   }
   const devices = kernelDevices(r, k);
+  const holds = devices.some(i => (k.gpu[i] ?? 0) > 0);
   const parts: string[] = [];
   if (r.gpu.available && devices.length > 0) {
     const held = sum(devices.map(i => k.gpu[i]));
@@ -226,7 +236,8 @@ export function statusFor(r: IReading, kernelId: string | null): IStatus {
     ...deviceLines(r, k),
     ...r.notes
   ];
-  return { text: parts.join(' · '), warn: nearLimit(r, devices), tooltip: lines.join('\n') };
+  // red for the devices this kernel holds memory on (another user's full GPU is not its limit)
+  return { text: parts.join(' · '), warn: nearLimit(r, holds ? devices : []), tooltip: lines.join('\n') };
 }
 
 /**

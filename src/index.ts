@@ -61,6 +61,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         notebooks?.currentWidget?.sessionContext.session?.kernel?.id ?? null;
       const item = new MemoryStatus(model, current);
       item.node.addEventListener('click', () => void app.commands.execute(SHOW_PANEL));
+      item.node.addEventListener('keydown', (event: KeyboardEvent) => {
+        if (event.key === 'Enter' || event.key === ' ') {
+          event.preventDefault();
+          void app.commands.execute(SHOW_PANEL);
+        }
+      });
       statusBar.registerStatusItem('vramlab:memory', {
         item,
         align: 'left',

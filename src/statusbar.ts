@@ -13,6 +13,8 @@ export class MemoryStatus extends Widget {
     this._model = model;
     this._currentKernel = currentKernel;
     this.addClass('vramlab-StatusItem');
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
     this.node.textContent = 'vramlab …';
     this.node.title = 'vramlab: reading each kernel’s memory';
     model.changed.connect(this.update, this);
@@ -29,7 +31,9 @@ export class MemoryStatus extends Widget {
     }
     const s = statusFor(r, this._currentKernel());
     this.node.textContent = s.text;
-    this.node.title = this._model.error ? `${this._model.error}\n(last reading)\n${s.tooltip}` : s.tooltip;
+    const stale = this._model.error ?? (r.stale ? 'the server served its last reading (the new one is late)' : null);
+    this.node.title = stale ? `${stale}\n(last reading)\n${s.tooltip}` : s.tooltip;
+    this.node.setAttribute('aria-label', `Kernel memory: ${s.text}. Activate to open the kernel memory panel.`);
     this.node.classList.toggle('vramlab-mod-warn', s.warn);
   }
 

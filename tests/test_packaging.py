@@ -142,6 +142,7 @@ def test_the_wheel_carries_the_prebuilt_lab_extension_and_enables_the_server_ext
     assert built["name"] == source["name"] == "vramlab"
     assert built["version"] == source["version"] == __version__, "package.json follows vramlab/_version.py"
     assert "vramlab/server/handlers.py" in names and not any("node_modules" in n for n in names)
+    assert not any(n.startswith("vramlab/labextension/") for n in names), "the extension is in the wheel once"
 
 
 def test_an_sdist_with_the_built_extension_makes_a_wheel_without_node(tmp_path):

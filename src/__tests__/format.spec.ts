@@ -67,7 +67,20 @@ describe('formatBytes', () => {
   });
 });
 
+describe('formatBytes at unit edges', () => {
+  it('picks the unit after rounding', () => {
+    expect(formatBytes(1023.96 * 1024)).toEqual('1 MiB');
+    expect(formatBytes(99.96 * GiB)).toEqual('100 GiB');
+    expect(formatBytes(1023.4)).toEqual('1023 B');
+  });
+});
+
 describe('formatPair', () => {
+  it('keeps separate units for a part larger than the whole, or a whole of zero', () => {
+    expect(formatPair(0.97 * GiB, 512 * 1024)).toEqual('993 MiB / 512 KiB');
+    expect(formatPair(5 * MiB, 0)).toEqual('5 MiB / 0 B');
+  });
+
   it('shares the unit of the whole when the part reads well in it', () => {
     expect(formatPair(3.2 * GiB, 80 * GiB)).toEqual('3.2 / 80 GiB');
     expect(formatPair(312 * MiB, 16 * GiB)).toEqual('312 MiB / 16 GiB');
@@ -93,6 +106,12 @@ describe('statusFor', () => {
     const r = reading();
     r.gpu.devices[0].used = 75 * GiB;
     expect(statusFor(r, 'aaaaaaaa-1').warn).toBe(true);
+  });
+
+  it("does not turn red for another process's full GPU when the kernel holds no GPU memory", () => {
+    const r = reading();
+    r.gpu.devices[1].used = 79 * GiB;
+    expect(statusFor(r, 'bbbbbbbb-2').warn).toBe(false);
   });
 
   it('turns red when the host is near its limit', () => {

@@ -81,7 +81,9 @@ async def test_two_kernels_one_holding_gpu_memory_through_a_child(jp_fetch, jp_s
         assert any("cannot see" in n and "container" in n for n in data["notes"])
         assert data["host"]["limit"] > 0 and data["interval"] > 0
 
-        # the same reading inside the kernel, through the probes %vram uses
+        # the same reading inside the kernel, through the probes %vram uses; the server's reading
+        # after it is a fresh one (no cache), so that the two are a moment apart
+        jp_serverapp.web_app.settings["vramlab_service"].min_interval = 0.0
         sim_env = json.dumps(scenario)
         got = json.loads((await run(kcb, f"""
 import os, sys, json
@@ -190,13 +192,17 @@ class _Sessions:
 async def test_gateway_and_remote_kernels_are_listed_without_a_local_pid():
     from vramlab.server.handlers import kernel_refs
 
+    class GatewayMappingKernelManager(_Manager):  # jupyter_server.gateway's, as far as the name goes
+        pass
+
     remote = type("RemoteProvisioner", (), {"pid": os.getpid()})()  # a PID of another host: not trusted
-    refs = await kernel_refs(_Manager(["gw", "rp", "shut"], {"gw": None, "rp": remote}), _Sessions())
-    assert [(r.id, r.pid, r.path) for r in refs] == [("gw", None, "gw.ipynb"), ("rp", None, None)]
+    refs = await kernel_refs(GatewayMappingKernelManager(["gw"], {"gw": None}), _Sessions())
+    refs += await kernel_refs(_Manager(["rp", "shut", "new"], {"rp": remote, "new": None}), None)
+    assert [(r.id, r.pid, r.path) for r in refs] == [("gw", None, "gw.ipynb"), ("rp", None, None), ("new", None, None)]
     from vramlab.server.readings import read_kernels
 
     rows = read_kernels(refs)["kernels"]
-    assert [r["state"] for r in rows] == ["remote", "remote"]
+    assert [r["state"] for r in rows] == ["remote", "remote", "starting"]
 
 
 async def test_a_failing_session_manager_leaves_the_paths_empty():
@@ -212,3 +218,27 @@ async def test_a_failing_session_manager_leaves_the_paths_empty():
     local.pid = os.getpid()
     refs = await kernel_refs(_Manager(["k"], {"k": local}), Broken())
     assert [(r.id, r.pid, r.path) for r in refs] == [("k", os.getpid(), None)]
+
+
+async def test_a_hung_reading_serves_the_last_one_marked_stale(jp_fetch, jp_serverapp, monkeypatch):
+    import threading
+
+    from vramlab.server import readings
+
+    await reading(jp_fetch)  # a first reading, to fall back on
+    service = jp_serverapp.web_app.settings["vramlab_service"]
+    service.min_interval = 0.0
+    release = threading.Event()
+    real = readings.read_kernels
+
+    def hung(kernels, uss=False):
+        release.wait(30)
+        return real(kernels, uss)
+
+    monkeypatch.setattr(readings, "read_kernels", hung)
+    jp_serverapp.web_app.settings["vramlab_settings"].read_timeout = 0.5
+    try:
+        data = await reading(jp_fetch)
+        assert data["stale"] is True and any("stale" in n for n in data["notes"])
+    finally:
+        release.set()

@@ -60,6 +60,7 @@ def test_without_nvml_the_reading_says_why(nvml_sim, sleeper):
     data = read_kernels([KernelRef("k", sleeper)])
     assert data["gpu"]["available"] is False and data["gpu"]["reason"]
     assert data["kernels"][0]["rss"] > 0 and data["kernels"][0]["gpu"] == []
+    assert data["kernels"][0]["gpu_used"] is None  # not 0: there is no GPU to hold nothing on
 
 
 def test_the_service_serves_one_reading_per_interval_and_keeps_history(nvml_sim, sleeper, monkeypatch):
@@ -67,8 +68,8 @@ def test_the_service_serves_one_reading_per_interval_and_keeps_history(nvml_sim,
     clock = [1000.0]
     from vramlab.server import readings
 
-    monkeypatch.setattr(readings.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(readings.time, "time", lambda: clock[0])
+    monkeypatch.setattr(readings, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(readings, "_now", lambda: clock[0])
     s = KernelMemoryService(min_interval=1.0, history_seconds=60.0)
     refs = [KernelRef("k", sleeper, "python3", "a.ipynb", "idle")]
     first = s.read(refs)
@@ -95,7 +96,7 @@ def test_history_keeps_only_the_window(nvml_sim, sleeper, monkeypatch):
     from vramlab.server import readings
 
     now = [0.0]
-    monkeypatch.setattr(readings.time, "time", lambda: now[0])
+    monkeypatch.setattr(readings, "_now", lambda: now[0])
     s = KernelMemoryService(min_interval=0.0, history_seconds=10.0)
     for t in range(0, 30, 2):
         now[0] = float(t)
@@ -108,7 +109,7 @@ def test_readings_closer_than_a_slot_share_one_point_with_their_peak(nvml_sim, s
 
     nvml_sim(machine(gpu(0, procs=[{"pid": sleeper, "mem": 1 * GiB}])))
     now = [1000.0]
-    monkeypatch.setattr(readings.time, "time", lambda: now[0])
+    monkeypatch.setattr(readings, "_now", lambda: now[0])
     s = KernelMemoryService(min_interval=0.0, history_seconds=readings.HISTORY_POINTS * 1.0)  # 1 s slots
     refs = [KernelRef("k", sleeper)]
     figures = iter([100, 300, 200, 50])
@@ -124,3 +125,51 @@ def test_readings_closer_than_a_slot_share_one_point_with_their_peak(nvml_sim, s
         now[0] = t
         h = s.read(refs)["kernels"][0]["history"]
     assert h == [[1000.9, 300, 1 * GiB], [1001.2, 50, 1 * GiB]]
+
+
+def test_a_starting_kernel_is_not_a_remote_one(nvml_sim):
+    nvml_sim(machine(gpu(0)))
+    rows = read_kernels([KernelRef("s", None, "python3", remote=False), KernelRef("r", None, "python3")])["kernels"]
+    assert [(r["state"], "%vram" in r["note"]) for r in rows] == [("starting", False), ("remote", True)]
+
+
+def test_mig_instances_replace_their_gpu_so_nothing_counts_twice(nvml_sim, sleeper):
+    sc = machine(gpu(0, name="NVIDIA A100-SXM4-40GB", total=40 * GiB, used=0,
+                     mig=[{"uuid": "MIG-aaaaaaaa-1111-0000-0000-000000000000", "slot": 0, "gi": 7, "ci": 0,
+                           "total": 20 * GiB, "used": 0, "procs": []},
+                          {"uuid": "MIG-bbbbbbbb-2222-0000-0000-000000000000", "slot": 1, "gi": 13, "ci": 0,
+                           "total": 10 * GiB, "used": 1 * GiB, "procs": [{"pid": sleeper, "mem": 1 * GiB}]}],
+                     procs=[{"pid": sleeper, "mem": 1 * GiB}]),
+                 gpu(1, name="NVIDIA A100-SXM4-40GB", total=40 * GiB, used=0))
+    nvml_sim(sc)
+    data = read_kernels([KernelRef("k", sleeper)])
+    labels = [d["label"] for d in data["gpu"]["devices"]]
+    assert labels == ["GPU 0 MIG 0", "GPU 0 MIG 1", "GPU 1"]
+    assert data["kernels"][0]["gpu"] == [0, 1 * GiB, 0] and data["kernels"][0]["gpu_used"] == 1 * GiB
+
+
+def test_requests_that_wait_for_a_slow_reading_are_served_it(nvml_sim, sleeper, monkeypatch):
+    """The cache counts a reading's age from when it ended: requests queued behind a slow reading
+    get that reading instead of each reading again."""
+    import threading
+    import time
+
+    from vramlab.server import readings
+
+    nvml_sim(machine(gpu(0)))
+    real = readings.read_kernels
+
+    def slow(kernels, uss=False):
+        time.sleep(0.5)  # longer than min_interval
+        return real(kernels, uss)
+
+    monkeypatch.setattr(readings, "read_kernels", slow)
+    s = KernelMemoryService(min_interval=0.2)
+    refs = [KernelRef("k", sleeper)]
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(s.read(refs))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert s.readings == 1 and len({g["time"] for g in got}) == 1

@@ -165,11 +165,14 @@ plan = ramplan.ram_needs(dataset_bytes=dataset_bytes, load="whole", batch_bytes=
 train_on([np.zeros((batch_rows, features), np.float32)])
 _, whole = ramplan.peak_rss_during(whole_job)
 print(plan.text())
-print("\n" + tr("measured: RSS before {before}, peak {peak} (+{growth:.0f} MiB; {guess}); ",
-                before=format_bytes(whole.before), peak=format_bytes(whole.peak), growth=whole.delta / MiB,
-                guess=guess(prediction_peak_growth_mib, "+{} MiB"))
-      + tr("plan {plan}, off by {off:+.1f}%", plan=format_bytes(plan.total),
-           off=100 * (whole.peak - plan.total) / plan.total))
+if whole.exact:
+    print("\n" + tr("measured: RSS before {before}, peak {peak} (+{growth:.0f} MiB; {guess}); ",
+                    before=format_bytes(whole.before), peak=format_bytes(whole.peak), growth=whole.delta / MiB,
+                    guess=guess(prediction_peak_growth_mib, "+{} MiB"))
+          + tr("plan {plan}, off by {off:+.1f}%", plan=format_bytes(plan.total),
+               off=100 * (whole.peak - plan.total) / plan.total))
+else:
+    print("\n" + tr(ramplan.NO_PEAK_RESET))
 
 # %% [markdown]
 # The plan is right to within a few percent because every large part of it is a buffer whose size
@@ -206,9 +209,9 @@ for name, p in examples.items():
 # (`%vram watch`, lesson 00), tells you which line dominates; the plan tells you before you run.
 
 # %%
-assert whole.exact, "peak RSS could not be reset on this system"
-assert abs(whole.peak - plan.total) <= 0.15 * plan.total, (whole.peak, plan.total)
-assert whole.delta >= 0.9 * dataset_bytes  # the whole dataset was resident at the peak
+if whole.exact:  # (without a resettable high-water mark, the cell above said so)
+    assert abs(whole.peak - plan.total) <= 0.15 * plan.total, (whole.peak, plan.total)
+    assert whole.delta >= 0.9 * dataset_bytes  # the whole dataset was resident at the peak
 
 # %% [markdown]
 # ## 2. The whole dataset against streaming mini-batches
@@ -264,9 +267,12 @@ fig.tight_layout()
 # them, and they evict other data from the page cache.
 
 # %%
-assert stream.delta < 0.1 * dataset_bytes, stream
-assert whole.delta > 5 * stream.delta, (whole.delta, stream.delta)
-assert mapped.delta > stream.delta  # the mapped pages of the scan are resident
+if not (whole.exact and stream.exact and mapped.exact):
+    print(tr(ramplan.NO_PEAK_RESET))
+else:
+    assert stream.delta < 0.1 * dataset_bytes, stream
+    assert whole.delta > 5 * stream.delta, (whole.delta, stream.delta)
+    assert mapped.delta > stream.delta  # the mapped pages of the scan are resident
 
 # %%
 workdir.cleanup()  # the dataset file

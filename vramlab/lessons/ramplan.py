@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from ..i18n import tr
+from ..i18n import N_, tr
 from ..units import format_bytes
 
 __all__ = [
@@ -240,6 +240,12 @@ class PeakRSS:
     def delta(self) -> int:
         """``peak - before``: what the call added at its highest."""
         return self.peak - self.before
+
+
+#: What a lesson prints instead of checking a peak of RSS where the kernel cannot reset its
+#: high-water mark (no ``/proc/self/clear_refs`` or no ``VmHWM``, as under gVisor).
+NO_PEAK_RESET = N_("this system cannot reset the process's peak RSS (no /proc/self/clear_refs or no VmHWM, "
+                   "as under gVisor): the peaks here are not measured, so the checks on them are skipped")
 
 
 def peak_rss_during(fn: Callable[[], Any]) -> tuple[Any, PeakRSS]:

@@ -317,7 +317,7 @@ def _cgroup_notes(cg: CgroupReading, limit_source: Optional[str]) -> list[str]:
     return notes
 
 
-def _read_host_linux(uss: bool, notes: list[str]) -> HostReading:
+def _read_host_linux(uss: bool, notes: list[str], children: bool = True) -> HostReading:
     now = time.time()
     status = os_read("/proc/self/status")
     meminfo = os_read("/proc/meminfo")
@@ -344,7 +344,7 @@ def _read_host_linux(uss: bool, notes: list[str]) -> HostReading:
     else:
         limit, source = total, "physical RAM"
         notes.extend(_cgroup_notes(cg, None))
-    kids = read_children(uss)
+    kids = read_children(uss) if children else ChildrenReading()
     return HostReading(
         time=now,
         total=total,
@@ -365,7 +365,7 @@ def _read_host_linux(uss: bool, notes: list[str]) -> HostReading:
     )
 
 
-def _read_host_psutil(uss: bool) -> HostReading:
+def _read_host_psutil(uss: bool, children: bool = True) -> HostReading:
     import psutil
 
     now = time.time()
@@ -381,7 +381,7 @@ def _read_host_psutil(uss: bool) -> HostReading:
     except Exception:
         peak = getattr(proc.memory_info(), "peak_wset", None)
     rss = int(proc.memory_info().rss)
-    kids = read_children(uss)
+    kids = read_children(uss) if children else ChildrenReading()
     return HostReading(
         time=now,
         total=int(vm.total),
@@ -415,12 +415,14 @@ def _children_fields(k: ChildrenReading) -> _ChildrenFields:
             "children_pids": k.pids}
 
 
-def read_host(uss: bool = False, notes: Optional[list[str]] = None) -> HostReading:
+def read_host(uss: bool = False, notes: Optional[list[str]] = None, children: bool = True) -> HostReading:
     """Read host memory now. Sizes in bytes.
 
     Args:
         uss: also read the USS of this process and of its descendants, and their PSS
             (slower: it walks every mapping of each).
+        children: also read this process's descendants (``children_*``); ``False`` leaves them
+            at zero (a Jupyter server reads its kernels' trees apart, with their own names).
         notes: a list to which one line is appended for each figure that could not be read
             as it should (a cgroup limit or usage file that is unreadable, ``/proc`` that
             could not be parsed), saying what is shown instead.
@@ -428,7 +430,7 @@ def read_host(uss: bool = False, notes: Optional[list[str]] = None) -> HostReadi
     found: list[str] = []
     if _LINUX:
         try:
-            reading = _read_host_linux(uss, found)
+            reading = _read_host_linux(uss, found, children)
         except (OSError, ValueError) as e:
             found = [f"host memory: /proc could not be read ({type(e).__name__}: {e}): read through psutil, "
                      "without the cgroup limit"]
@@ -436,7 +438,7 @@ def read_host(uss: bool = False, notes: Optional[list[str]] = None) -> HostReadi
             if notes is not None:
                 notes.extend(found)
             return reading
-    reading = _read_host_psutil(uss)
+    reading = _read_host_psutil(uss, children)
     if notes is not None:
         notes.extend(found)
     return reading

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from traitlets import Float
+from typing import Any
+
+from traitlets import Float, TraitError, validate
 from traitlets.config import Configurable
 
 __all__ = ["VramlabLab"]
@@ -20,5 +22,14 @@ class VramlabLab(Configurable):
         help="Seconds a reading is served again before the server reads anew: any number of tabs cost one reading "
              "per this interval.")
     history_seconds = Float(600.0, config=True, help="Seconds of each kernel's history kept for the side panel's sparkline.")
+    read_timeout = Float(10.0, config=True,
+                         help="Seconds a request waits for a reading before it is served the last one, marked stale.")
     warn_fraction = Float(0.9, config=True,
                           help="The fraction of a device's memory (or of the host's limit) above which the status bar turns red.")
+
+    @validate("refresh_interval")
+    def _refresh_at_least_half_a_second(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if value < 0.5:
+            raise TraitError(f"VramlabLab.refresh_interval must be at least 0.5 seconds, got {value:g}")
+        return value

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from jupyter_server.auth.decorator import authorized
@@ -24,6 +25,10 @@ from .config import VramlabLab
 from .readings import KernelMemoryService, KernelRef
 
 __all__ = ["KernelsMemoryHandler", "setup_handlers", "kernel_refs"]
+
+# one thread for the readings: they are serialised by the service anyway, and a hung one ties up
+# this thread, not the server's shared executor
+_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vramlab-reading")
 
 
 def _kernel_pid(km: Any) -> Optional[int]:
@@ -60,6 +65,7 @@ async def kernel_refs(kernel_manager: Any, session_manager: Any) -> list[KernelR
                     paths[kid] = s["path"]
         except Exception:
             pass
+    gateway = type(kernel_manager).__name__.startswith("Gateway")  # jupyter_server.gateway's managers
     refs = []
     for k in listed:
         kid = k.get("id")
@@ -69,8 +75,13 @@ async def kernel_refs(kernel_manager: Any, session_manager: Any) -> list[KernelR
             km = kernel_manager.get_kernel(kid)
         except Exception:  # KeyError: shut down meanwhile
             continue
-        refs.append(KernelRef(id=kid, pid=_kernel_pid(km), name=str(k.get("name") or ""), path=paths.get(kid),
-                              execution_state=str(k.get("execution_state") or "unknown")))
+        prov = getattr(km, "provisioner", None)
+        # no provisioner yet on a local server: the kernel is starting; any other provisioner runs it elsewhere
+        remote = gateway or prov is not None
+        pid = _kernel_pid(km)
+        refs.append(KernelRef(id=kid, pid=pid, name=str(k.get("name") or ""), path=paths.get(kid),
+                              execution_state=str(k.get("execution_state") or "unknown"),
+                              remote=remote if pid is None else False))
     return refs
 
 
@@ -88,8 +99,17 @@ class KernelsMemoryHandler(APIHandler):
     async def get(self) -> None:
         uss = self.get_argument("uss", "0").lower() in ("1", "true", "yes")
         refs = await kernel_refs(self.kernel_manager, self.settings.get("session_manager"))
-        loop = asyncio.get_running_loop()
-        data = await loop.run_in_executor(None, self.service.read, refs, uss)
+        future = _EXECUTOR.submit(self.service.read, refs, uss)
+        try:
+            data = await asyncio.wait_for(asyncio.wrap_future(future), timeout=self.lab_settings.read_timeout)
+        except asyncio.TimeoutError:
+            # a hung read (NVML, /proc) never blocks the server: serve the last reading, marked stale
+            last = self.service.last
+            if last is None:
+                raise web.HTTPError(503, "vramlab: the first reading has not finished") from None
+            data = {**last, "stale": True,
+                    "notes": list(last["notes"]) + [f"this reading is stale: the latest one took over "
+                                                     f"{self.lab_settings.read_timeout:g} s"]}
         out = {**data, "interval": self.lab_settings.refresh_interval,
                "warn_fraction": self.lab_settings.warn_fraction}
         self.set_header("Cache-Control", "no-store")
@@ -105,5 +125,6 @@ def setup_handlers(server_app: Any) -> KernelMemoryService:
     route = url_path_join(base_url, ENDPOINT, "kernels")
     web_app.add_handlers(".*$", [(route, KernelsMemoryHandler, {"service": service, "settings": settings})])
     web_app.settings["vramlab_service"] = service
+    web_app.settings["vramlab_settings"] = settings
     server_app.log.info("vramlab: each kernel's memory at %s", route)
     return service

@@ -30,6 +30,16 @@ from ..units import format_bytes
 __all__ = ["KernelRef", "KernelMemoryService", "read_kernels", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
+
+
+def _now() -> float:
+    """Wall-clock time of a reading, in seconds (``time.time``; tests replace it)."""
+    return time.time()
+
+
+def _monotonic() -> float:
+    """The cache's clock, in seconds (``time.monotonic``; tests replace it)."""
+    return time.monotonic()
 HISTORY_POINTS = 150  # at most about this many points per kernel's history, whatever the polling rate
 
 
@@ -49,6 +59,8 @@ class KernelRef:
         path: the notebook (or console) its session is for, relative to the server's root; ``None``
             for a kernel without a session.
         execution_state: ``idle``, ``busy``, ``starting``... as the kernel manager last heard it.
+        remote: whether the kernel runs elsewhere (a gateway, a remote provisioner); a kernel
+            with no PID that is not remote is still starting (its process is not launched yet).
     """
 
     id: str
@@ -56,6 +68,7 @@ class KernelRef:
     name: str = ""
     path: Optional[str] = None
     execution_state: str = "unknown"
+    remote: bool = True
 
 
 def _device_label(d: NvmlDevice) -> str:
@@ -76,12 +89,22 @@ def _sum(figures: Sequence[Optional[int]]) -> Optional[int]:
     return None if any(f is None for f in figures) else sum(f for f in figures if f is not None)
 
 
-def _devices(nv: NvmlReading) -> list[dict[str, Any]]:
+def _devices(devices: Sequence[NvmlDevice]) -> list[dict[str, Any]]:
     return [{
         "index": d.index, "mig_index": d.mig_index, "label": _device_label(d), "name": d.name, "uuid": d.uuid,
         "total": d.total, "used": d.used, "free": d.free, "readable": d.readable,
         "process_list": d.process_list is not None, "note": d.note,
-    } for d in nv.devices]
+    } for d in devices]
+
+
+def _split_devices(nv: NvmlReading) -> list[NvmlDevice]:
+    """The devices whose memory is split by kernel: whole GPUs, and the MIG instances of a
+    MIG-enabled GPU instead of that GPU (its processes run on the instances, and NVML lists them
+    there; counting the parent too would count them twice). A MIG-enabled GPU with no instance
+    readable stays, so that its memory is still shown."""
+    parents_with_instances = {d.index for d in nv.devices if d.mig_index is not None}
+    return [d for d in nv.devices
+            if not (d.mig_index is None and d.mig_enabled and d.index in parents_with_instances)]
 
 
 def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, Any]:
@@ -106,7 +129,7 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
     the kernel's processes.
     """
     notes: list[str] = []
-    host = read_host(notes=notes)
+    host = read_host(notes=notes, children=False)  # the server's children are the kernels, read below
     trees: dict[str, Optional[ProcessTreeReading]] = {}
     for k in kernels:
         trees[k.id] = read_process_tree(k.pid, uss=uss) if k.pid is not None else None
@@ -115,11 +138,12 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
         for p in tree.pids if tree is not None else ():
             owner.setdefault(p, kid)
     nv = read_nvml()
+    devices = _split_devices(nv)
     per_kernel: dict[str, list[Optional[int]]] = {k.id: [] for k in kernels}
     others: list[Optional[int]] = []
     unattributed: list[dict[str, Any]] = []
     server_pid = os.getpid()
-    for i, d in enumerate(nv.devices):
+    for i, d in enumerate(devices):
         if not d.readable or d.process_list is None:
             for kid in per_kernel:
                 per_kernel[kid].append(None)
@@ -151,9 +175,11 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
     for k in kernels:
         tree = trees[k.id]
         row: dict[str, Any] = {"id": k.id, "name": k.name, "path": k.path, "execution_state": k.execution_state,
-                               "pid": k.pid, "pids": [], "rss": None, "uss": None, "gpu": [None] * len(nv.devices),
+                               "pid": k.pid, "pids": [], "rss": None, "uss": None, "gpu": [None] * len(devices),
                                "gpu_used": None, "note": None}
-        if tree is None:
+        if tree is None and not k.remote:
+            row.update(state="starting", note="the kernel's process is not launched yet")
+        elif tree is None:
             row.update(state="remote", note="this server does not run the kernel's process (a gateway or a remote "
                                             "provisioner): read its memory inside the kernel, with %vram")
         elif not tree.alive:
@@ -161,14 +187,14 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
         else:
             gpu = per_kernel[k.id]
             row.update(state="running", pids=list(tree.pids), rss=tree.rss, uss=tree.uss, gpu=gpu,
-                       gpu_used=_sum(gpu) if gpu else 0)
+                       gpu_used=_sum(gpu) if gpu else None)
         rows.append(row)
     return {
-        "version": SCHEMA_VERSION, "time": time.time(), "uss": uss,
+        "version": SCHEMA_VERSION, "time": _now(), "uss": uss,
         "host": {"total": host.total, "used": host.used, "available": host.available, "limit": host.limit,
                  "limit_source": host.limit_source, "swap_total": host.swap_total, "swap_used": host.swap_used},
-        "gpu": {"available": bool(nv.devices), "reason": nv.reason, "driver": nv.driver_version,
-                "devices": _devices(nv)},
+        "gpu": {"available": bool(devices), "reason": nv.reason, "driver": nv.driver_version,
+                "devices": _devices(devices)},
         "kernels": rows, "others": others, "unattributed": unattributed, "notes": notes + list(nv.notes),
     }
 
@@ -209,17 +235,22 @@ class KernelMemoryService:
         """A reading of ``kernels`` (see :func:`read_kernels`), at most ``min_interval`` s old,
         each kernel with its ``history``: ``[[time, rss, gpu_used], ...]``, oldest first."""
         key = frozenset((k.id, k.pid) for k in kernels)
-        with self._lock:
-            now = time.monotonic()
+        with self._lock:  # a request that waited for a reading in progress is served that reading
             last = self._last
             if (last is not None and self._last_key is not None and self._last_key[0] == key
-                    and (self._last_key[1] or not uss) and now - self._last_mono < self.min_interval):
+                    and (self._last_key[1] or not uss) and _monotonic() - self._last_mono < self.min_interval):
                 return _relabelled(last, kernels)
             data = read_kernels(kernels, uss=uss)
             self.readings += 1
             self._remember(data)
-            self._last, self._last_key, self._last_mono = data, (key, uss), now
+            # the reading's age counts from when it ended, so a slow reading is not read again at once
+            self._last, self._last_key, self._last_mono = data, (key, uss), _monotonic()
             return data
+
+    @property
+    def last(self) -> Optional[dict[str, Any]]:
+        """The latest reading, or ``None`` (what a request that times out is served, marked stale)."""
+        return self._last
 
     def _remember(self, data: dict[str, Any]) -> None:
         t = float(data["time"])
