@@ -35,7 +35,7 @@ def test_on_a_machine_without_cuda_every_gpu_row_is_skip(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     rows = _rows(report)
     sections = {row[0] for row in rows}
-    assert {"machine", "self-check", "sampler", "benchmark", "notebooks"} <= sections
+    assert {"machine", "self-check", "attribution", "sampler", "allocator", "benchmark", "notebooks"} <= sections
     assert all(row[2] in ("SKIP", "INFO") for row in rows), report
     assert len([row for row in rows if row[0] == "self-check"]) == 7
     assert {row[1] for row in rows if row[0] == "notebooks"} == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
@@ -118,9 +118,17 @@ def test_the_report_is_rewritten_after_every_section(tmp_path):
         seen[title] = (tmp_path / "out" / "report.md").read_text()
 
     gpu_report.run_report(tmp_path / "out", notebooks=tmp_path / "none", echo=echo)
-    assert list(seen) == ["machine", "self-check", "sampler", "benchmark", "notebooks"]
+    assert list(seen) == ["machine", "self-check", "attribution", "sampler", "allocator", "benchmark", "notebooks"]
     assert "| machine |" in seen["machine"] and "| self-check |" not in seen["machine"]
     assert "still going, or was stopped" in seen["machine"]
     assert "| sampler |" in seen["sampler"] and "| notebooks |" not in seen["sampler"]
     final = (tmp_path / "out" / "report.md").read_text()
     assert "still going" not in final and "| notebooks |" in final
+
+
+def test_the_sandbox_row_gives_its_evidence():
+    text = gpu_report.sandbox()
+    assert text.split(":", 1)[0] in ("gVisor", "a Firecracker-style microVM (virtio-mmio devices)",
+                                     "neither gVisor nor Firecracker, as far as these signs tell")
+    for word in ("kernel", "VmHWM", "clear_refs", "task children files"):
+        assert word in text, text

@@ -10,7 +10,12 @@ and the executed notebooks under ``OUTDIR/notebooks/``:
    cost beside the raw calls), when the script is there;
 4. the sampler while CUDA is busy: matrix products per second with and without the
    sampler at 0.1 s, its CPU time, and CUDA graphs captured while it samples every 10 ms
-   (a runtime call from its thread would invalidate the capture).
+   (a runtime call from its thread would invalidate the capture);
+5. what kind of sandbox the machine is (gVisor, a Firecracker microVM), with the evidence;
+   NVML's process list against this PID around a 1 GiB tensor (attributed, or unattributed
+   with the note);
+6. three workloads' real allocator traces (``_record_memory_history``), written to
+   ``allocator-traces.json.gz`` and replayed through :mod:`vramlab.sim.replay`.
 
 On a machine without CUDA every GPU row is SKIP, the exit status is 0, and it takes
 seconds: CI runs it so. The exit status is 1 when a row FAILs. The whole run is sized to
@@ -41,7 +46,9 @@ from typing import Any, Callable, Optional, Sequence
 from . import selftest
 from ._version import __version__
 
-__all__ = ["Row", "run_report", "main"]
+__all__ = ["Row", "run_report", "main", "sandbox", "TRACE_WORKLOADS"]
+
+GiB = 1 << 30
 
 
 @dataclass
@@ -83,12 +90,156 @@ def _environment() -> list[Row]:
         rows.append(Row("machine", "torch", "INFO", f"{torch.__version__} (CUDA {cuda})"))
     except Exception as e:
         rows.append(Row("machine", "torch", "INFO", f"not importable: {type(e).__name__}"))
+    rows.append(Row("machine", "sandbox", "INFO", sandbox()))
     nv = read_nvml()
     if nv.reason:
         rows.append(Row("machine", "NVML", "INFO", nv.reason))
     else:
         names = ", ".join(f"{d.index}: {d.name}" for d in nv.devices if d.mig_index is None)
         rows.append(Row("machine", "NVML", "INFO", f"driver {nv.driver_version}; {names}"))
+    return rows
+
+
+def _read(path: str, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def sandbox() -> str:
+    """What kind of machine this is (gVisor, a Firecracker microVM, or neither that it can
+    tell), with the evidence: the kernel's release, its command line, the DMI vendor, and
+    whether the files vramlab's exact peaks and child listing need exist."""
+    release = platform.release()
+    version = _read("/proc/version")
+    cmdline = _read("/proc/cmdline")
+    vendor = (_read("/sys/class/dmi/id/sys_vendor") + " " + _read("/sys/class/dmi/id/product_name")).strip()
+    dmesg = ""
+    try:
+        dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout[:20000]
+    except Exception:
+        pass
+    status = _read("/proc/self/status", 65536)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        clear_refs = True
+    except OSError:
+        clear_refs = False
+    children = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    if "gvisor" in (version + dmesg).lower():
+        kind = "gVisor"
+    elif "firecracker" in (vendor + dmesg + cmdline).lower() or "virtio_mmio.device=" in cmdline:
+        kind = "a Firecracker-style microVM (virtio-mmio devices)"
+    else:
+        kind = "neither gVisor nor Firecracker, as far as these signs tell"
+    return (f"{kind}: kernel {release}; DMI {vendor or 'none'}; VmHWM {'yes' if 'VmHWM' in status else 'no'}, "
+            f"clear_refs {'writable' if clear_refs else 'not writable'}, task children files {'yes' if children else 'no'}")
+
+
+def _attribution(torch: Any, why: Optional[str]) -> list[Row]:
+    """NVML's process list against this process's PID, before and after a 1 GiB tensor: is the
+    memory attributed to this process, or shown as unattributed with the note that says why?"""
+    name = "NVML process list vs this PID, 1 GiB"
+    if torch is None:
+        return [Row("attribution", name, "SKIP", why or "no CUDA")]
+    from .probes.nvml import read_nvml
+    from .reconcile import snapshot
+    from .units import format_bytes
+
+    nv0 = read_nvml()
+    if nv0.reason or not nv0.devices:
+        return [Row("attribution", name, "SKIP", f"NVML: {nv0.reason or 'no device'}")]
+    x = torch.empty(GiB, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    time.sleep(0.5)
+    snap = snapshot()
+    d = snap.device("cuda:0")
+    nv = read_nvml()
+    dev = next((v for v in nv.devices if v.uuid == d.uuid), nv.devices[0])
+    del x
+    torch.cuda.empty_cache()
+    listed = f"PID {os.getpid()} listed: {dev.pid_listed}; NVML lists {len(dev.processes)} PIDs, {dev.hidden_pids} of them not in this namespace"
+    unattributed = d.layer("unattributed")
+    notes = [n for n in snap.notes if "attribut" in n or "namespace" in n or "container" in n]
+    if (d.process_used or 0) >= GiB:
+        return [Row("attribution", name, "PASS", f"attributed to this process: {format_bytes(d.process_used)}; {listed}")]
+    if unattributed >= GiB and notes:
+        return [Row("attribution", name, "PASS", f"unattributed {format_bytes(unattributed)}, with the note "
+                                                 f"'{notes[0][:160]}'; {listed}")]
+    return [Row("attribution", name, "FAIL", f"the 1 GiB is neither this process's ({format_bytes(d.process_used)}) "
+                                             f"nor unattributed with a note ({format_bytes(unattributed)}); {listed}")]
+
+
+#: The allocator traces: (name, model factory, its kwargs, batch size, precision).
+TRACE_WORKLOADS: tuple[tuple[str, str, dict[str, Any], int, Optional[str]], ...] = (
+    ("MLP Adam fp32", "make_mlp", {}, 256, None),
+    ("CNN Adam fp32 (cuDNN)", "make_cnn", {}, 64, None),
+    ("GPT small Adam bf16-mixed", "make_gpt", {"size": "small", "seq": 256}, 4, "bf16-mixed"),
+)
+
+
+def _trace_child(index: int, out: str) -> None:
+    """Record one workload's allocator trace from this process's first CUDA allocation (for
+    :mod:`vramlab.sim.replay`) and write it to ``out`` as JSON."""
+    import json
+
+    import torch
+
+    from .lessons import models
+    from .sim.measure import measure_cuda
+
+    name, factory, kw, batch_size, precision = TRACE_WORKLOADS[index]
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
+    free, total = (int(v) for v in torch.cuda.mem_get_info(0))
+    build, batch, loss_fn = getattr(models, factory)(**kw)
+    peak = measure_cuda(build, batch, batch_size=batch_size, optimizer="adam", loss_fn=loss_fn, precision=precision)
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = [{k: e.get(k) for k in ("action", "addr", "size", "stream")} for e in snap["device_traces"][0]]
+    with open(out, "w") as f:
+        json.dump({"workload": name, "batch_size": batch_size, "capacity": free, "total": total, "peak_allocated": peak,
+                   "torch": torch.__version__, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                   "events": events}, f)
+
+
+def _traces(torch: Any, why: Optional[str], outdir: Path) -> list[Row]:
+    """Three workloads' real allocator traces, each recorded in a fresh process, written to
+    ``outdir/allocator-traces.json.gz`` and replayed through vramlab's allocator model: reserved
+    bytes must agree after every alloc and free."""
+    if torch is None:
+        return [Row("allocator", f"trace: {w[0]}", "SKIP", why or "no CUDA") for w in TRACE_WORKLOADS]
+    import gzip
+    import json
+    import tempfile
+
+    from .sim.replay import replay
+
+    rows, kept = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, *_rest) in enumerate(TRACE_WORKLOADS):
+            out = os.path.join(tmp, f"{i}.json")
+            code = "import sys\nfrom vramlab.gpu_report import _trace_child\n_trace_child(int(sys.argv[1]), sys.argv[2])"
+            try:
+                r = subprocess.run([sys.executable, "-c", code, str(i), out], capture_output=True, text=True, timeout=150,
+                                   stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            except subprocess.TimeoutExpired:
+                rows.append(Row("allocator", f"trace: {name}", "FAIL", "recording took over 150 s"))
+                continue
+            if r.returncode != 0 or not os.path.exists(out):
+                tail = _clean(r.stderr).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+                rows.append(Row("allocator", f"trace: {name}", "FAIL", f"recording failed: {tail[0][:300]}"))
+                continue
+            with open(out) as f:
+                trace = json.load(f)
+            kept.append(trace)
+            result = replay(trace["events"], trace["capacity"], trace["alloc_conf"])
+            rows.append(Row("allocator", f"trace: {name}", "PASS" if result.exact else "FAIL", result.text()))
+    if kept:
+        with gzip.open(outdir / "allocator-traces.json.gz", "wt") as f:
+            json.dump(kept, f)
     return rows
 
 
@@ -345,7 +496,9 @@ def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
     section("machine", _environment)
     section("self-check", lambda: _selfcheck(log))
     torch, why = _cuda()
+    section("attribution", lambda: _attribution(torch, why))
     section("sampler", lambda: _sampler(torch, why))
+    section("allocator", lambda: _traces(torch, why, outdir))
     section("benchmark", lambda: _benchmark(benchmark, torch, why, log))
     section("notebooks", lambda: _notebooks(notebooks, notebooks_out or outdir / "notebooks", deadline, per_notebook_s,
                                             torch, why, on_row=progress))
