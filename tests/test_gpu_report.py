@@ -13,7 +13,7 @@ from pathlib import Path
 import driver_scenarios as sc
 import nbformat
 
-from vramlab import gpu_report
+from vramlab import gpu_report, selftest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def test_on_a_machine_without_cuda_every_gpu_row_is_skip(tmp_path):
     sections = {row[0] for row in rows}
     assert {"machine", "self-check", "attribution", "sampler", "allocator", "benchmark", "notebooks"} <= sections
     assert all(row[2] in ("SKIP", "INFO") for row in rows), report
-    assert len([row for row in rows if row[0] == "self-check"]) == 7
+    assert len([row for row in rows if row[0] == "self-check"]) == len(selftest.CHECKS) == 8
     assert {row[1] for row in rows if row[0] == "notebooks"} == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
     assert "0 failed" in report
 

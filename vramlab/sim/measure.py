@@ -31,7 +31,7 @@ from .strategies import device_mesh, prepare, resolve_strategy  # noqa: E402
 from .virtual_gpu import VirtualGPU  # noqa: E402
 
 __all__ = ["measure", "measure_distributed", "measure_distributed_many", "RankReading", "measure_cuda",
-           "warm_up_cuda"]
+           "measure_cuda_peaks", "warm_up_cuda"]
 
 
 @dataclass(frozen=True)
@@ -161,12 +161,13 @@ def warm_up_cuda(torch_mod: Any = torch, device: str = "cuda:0") -> None:
     torch_mod.cuda.empty_cache()
 
 
-def measure_cuda(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
+def measure_cuda_peaks(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
                  optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
                  loss_fn: Optional[Callable[..., Any]] = None, steps: Optional[int] = None,
-                 device: str = "cuda:0", precision: Optional[str] = None, checkpoint: Any = None) -> int:
+                 device: str = "cuda:0", precision: Optional[str] = None, checkpoint: Any = None) -> tuple[int, int]:
     """Run the very steps :func:`~vramlab.sim.estimate.estimate` runs, for real on a CUDA device;
-    return the peak bytes ``torch.cuda.max_memory_allocated`` reports above what was allocated before.
+    return the peak bytes ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` report above
+    what was allocated and reserved before.
 
     The model is built on the device, the optimizer as ``estimate`` builds it for a CUDA
     preset (``foreach=True``), the forward under CUDA's autocast for a mixed precision, and
@@ -180,6 +181,7 @@ def measure_cuda(build_model: Callable[[], nn.Module], make_batch: Callable[[int
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
+    base_reserved = torch.cuda.memory_reserved(dev)
     with torch.device(dev):
         model = build_model()
     if plan.model_dtype is not None:
@@ -191,6 +193,20 @@ def measure_cuda(build_model: Callable[[], nn.Module], make_batch: Callable[[int
               "cuda", scaler)
     torch.cuda.synchronize(dev)
     peak = int(torch.cuda.max_memory_allocated(dev)) - int(base)
+    peak_reserved = int(torch.cuda.max_memory_reserved(dev)) - int(base_reserved)
     del model, opt
     torch.cuda.empty_cache()
-    return peak
+    return peak, peak_reserved
+
+
+def measure_cuda(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
+                 optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
+                 loss_fn: Optional[Callable[..., Any]] = None, steps: Optional[int] = None,
+                 device: str = "cuda:0", precision: Optional[str] = None, checkpoint: Any = None) -> int:
+    """The peak bytes ``torch.cuda.max_memory_allocated`` reports for the steps
+    :func:`~vramlab.sim.estimate.estimate` runs (see :func:`measure_cuda_peaks`)."""
+    return measure_cuda_peaks(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, dtype=dtype,
+                              step=step, loss_fn=loss_fn, steps=steps, device=device, precision=precision,
+                              checkpoint=checkpoint)[0]
+
+
