@@ -68,7 +68,7 @@ export class MemoryModel {
     this._inFlight = this._read().finally(() => {
       this._inFlight = null;
       if (!this._disposed) {
-        const seconds = Math.max(MIN_INTERVAL_S, this._reading?.interval ?? 2);
+        const seconds = Math.max(MIN_INTERVAL_S, this._reading?.interval ?? 5);
         this._timer = window.setTimeout(() => void this.refresh(), seconds * 1000);
       }
     });

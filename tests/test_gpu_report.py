@@ -35,7 +35,8 @@ def test_on_a_machine_without_cuda_every_gpu_row_is_skip(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     rows = _rows(report)
     sections = {row[0] for row in rows}
-    assert {"machine", "self-check", "attribution", "sampler", "allocator", "benchmark", "notebooks"} <= sections
+    assert {"machine", "self-check", "attribution", "sampler", "allocator", "in a kernel", "benchmark",
+            "notebooks"} <= sections
     assert all(row[2] in ("SKIP", "INFO") for row in rows), report
     assert len([row for row in rows if row[0] == "self-check"]) == len(selftest.CHECKS) == 8
     assert {row[1] for row in rows if row[0] == "notebooks"} == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
@@ -118,7 +119,8 @@ def test_the_report_is_rewritten_after_every_section(tmp_path):
         seen[title] = (tmp_path / "out" / "report.md").read_text()
 
     gpu_report.run_report(tmp_path / "out", notebooks=tmp_path / "none", echo=echo)
-    assert list(seen) == ["machine", "self-check", "attribution", "sampler", "allocator", "benchmark", "notebooks"]
+    assert list(seen) == ["machine", "self-check", "attribution", "sampler", "allocator", "in a kernel", "benchmark",
+                          "notebooks"]
     assert "| machine |" in seen["machine"] and "| self-check |" not in seen["machine"]
     assert "still going, or was stopped" in seen["machine"]
     assert "| sampler |" in seen["sampler"] and "| notebooks |" not in seen["sampler"]
@@ -132,3 +134,12 @@ def test_the_sandbox_row_gives_its_evidence():
                                      "neither gVisor nor Firecracker, as far as these signs tell")
     for word in ("kernel", "VmHWM", "clear_refs", "task children files"):
         assert word in text, text
+
+
+def test_the_in_kernel_cells_are_valid_ipython():
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    t = TransformerManager()
+    for source, _ in gpu_report.IN_KERNEL_CELLS:
+        compile(t.transform_cell(source), "<cell>", "exec")
+    assert any("raises-exception" in tags for _, tags in gpu_report.IN_KERNEL_CELLS)  # the OOM cell does not stop the run

@@ -15,7 +15,10 @@ and the executed notebooks under ``OUTDIR/notebooks/``:
    NVML's process list against this PID around a 1 GiB tensor (attributed, or unattributed
    with the note);
 6. three workloads' real allocator traces (``_record_memory_history``), written to
-   ``allocator-traces.json.gz`` and replayed through :mod:`vramlab.sim.replay`.
+   ``allocator-traces.json.gz`` and replayed through :mod:`vramlab.sim.replay`;
+7. in a real kernel: a ``%%vram`` cell's peak against ``torch.cuda.max_memory_allocated`` to the
+   byte, a real CUDA out-of-memory error and vramlab's explanation, ``%vram free`` back to the
+   baseline (the executed notebook is kept with the others, ``_in_kernel_checks.ipynb``).
 
 On a machine without CUDA every GPU row is SKIP, the exit status is 0, and it takes
 seconds: CI runs it so. The exit status is 1 when a row FAILs. The whole run is sized to
@@ -240,6 +243,94 @@ def _traces(torch: Any, why: Optional[str], outdir: Path) -> list[Row]:
     if kept:
         with gzip.open(outdir / "allocator-traces.json.gz", "wt") as f:
             json.dump(kept, f)
+    return rows
+
+
+#: The cells of the in-kernel checks: a %%vram cell's peak, a real CUDA OOM, and %vram free.
+IN_KERNEL_CELLS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("%load_ext vramlab\nimport json, torch, vramlab\ntorch.empty(1, device='cuda')\ntorch.cuda.synchronize()\n"
+     "base = [torch.cuda.memory_allocated(), torch.cuda.memory_reserved()]", ()),
+    ("%%vram\nx = torch.empty(512 << 20, dtype=torch.uint8, device='cuda')\ny = x + 1\ndel x, y", ()),
+    ("(d,) = [d for d in vramlab.last().devices if d.id == 'cuda:0']\n"
+     "print('VRAMLAB_JSON', json.dumps({'vram_peak': d.peak_allocated, 'torch_peak': torch.cuda.max_memory_allocated()}))",
+     ()),
+    ("z = torch.empty(1 << 50, dtype=torch.uint8, device='cuda')  # a real CUDA OOM", ("raises-exception",)),
+    ("%vram free", ()),
+    ("torch.cuda.synchronize()\n"
+     "print('VRAMLAB_JSON', json.dumps({'after_free': [torch.cuda.memory_allocated(), torch.cuda.memory_reserved()], "
+     "'base': base}))", ()),
+)
+
+
+def _outputs_text(cell: Any) -> str:
+    out = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            out.append(o.get("text", ""))
+        for key in ("text/plain", "text/html"):
+            v = o.get("data", {}).get(key)
+            if v:
+                out.append(v if isinstance(v, str) else "".join(v))
+        if o.get("output_type") == "error":
+            out.append(_clean("\n".join(o.get("traceback", []))))
+    return "\n".join(out)
+
+
+def _in_kernel(torch: Any, why: Optional[str], notebooks_out: Path) -> list[Row]:
+    """In a real kernel on CUDA: a ``%%vram`` cell's peak against ``torch.cuda.max_memory_allocated``
+    to the byte; a real CUDA out-of-memory error and vramlab's explanation of it; ``%vram free``
+    bringing allocated and reserved memory back to what they were before."""
+    names = ("%%vram peak vs max_memory_allocated", "CUDA OOM explained", "%vram free back to the baseline")
+    if torch is None:
+        return [Row("in a kernel", n, "SKIP", why or "no CUDA") for n in names]
+    import json
+    import tempfile
+
+    import nbformat
+
+    notebooks_out.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for source, tags in IN_KERNEL_CELLS:
+        cell = nbformat.v4.new_code_cell(source)
+        if tags:
+            cell.metadata["tags"] = list(tags)
+        nb.cells.append(cell)
+    out = notebooks_out / "_in_kernel_checks.ipynb"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "in_kernel.ipynb"
+        nbformat.write(nb, src)
+        code = "import sys\nfrom vramlab.gpu_report import _notebook_child\n_notebook_child(sys.argv[1], sys.argv[2], 100)"
+        env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+        r = subprocess.run([sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True, timeout=130,
+                           env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    if not out.exists():
+        tail = _clean(r.stderr).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+        return [Row("in a kernel", n, "FAIL", f"the kernel did not run: {tail[0][:300]}") for n in names]
+    done = nbformat.read(out, as_version=4)
+    found: dict[str, Any] = {}
+    for cell in done.cells:
+        for line in _outputs_text(cell).splitlines():
+            if line.startswith("VRAMLAB_JSON "):
+                found.update(json.loads(line[len("VRAMLAB_JSON "):]))
+    rows = []
+    if "vram_peak" in found:
+        ok = found["vram_peak"] == found["torch_peak"]
+        rows.append(Row("in a kernel", names[0], "PASS" if ok else "FAIL",
+                        f"%%vram peak {found['vram_peak']} B, torch.cuda.max_memory_allocated {found['torch_peak']} B"))
+    else:
+        rows.append(Row("in a kernel", names[0], "FAIL", "the cell printed no figures: " + _outputs_text(done.cells[2])[-300:]))
+    oom = _outputs_text(done.cells[3])
+    explained = "[vramlab] out of memory" in oom
+    first = next((ln for ln in oom.splitlines() if "[vramlab]" in ln), oom.strip().splitlines()[-1:] or [""])
+    rows.append(Row("in a kernel", names[1], "PASS" if explained and "OutOfMemoryError" in oom else "FAIL",
+                    " ".join(oom.split())[:400] if explained else f"no explanation; the cell showed: {str(first)[:300]}"))
+    if "after_free" in found:
+        ok = found["after_free"] == found["base"]
+        rows.append(Row("in a kernel", names[2], "PASS" if ok else "FAIL",
+                        f"allocated, reserved after %vram free {found['after_free']} B; before the cells {found['base']} B"))
+    else:
+        rows.append(Row("in a kernel", names[2], "FAIL", "the last cell printed no figures: " + _outputs_text(done.cells[5])[-300:]))
     return rows
 
 
@@ -499,6 +590,7 @@ def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
     section("attribution", lambda: _attribution(torch, why))
     section("sampler", lambda: _sampler(torch, why))
     section("allocator", lambda: _traces(torch, why, outdir))
+    section("in a kernel", lambda: _in_kernel(torch, why, notebooks_out or outdir / "notebooks"))
     section("benchmark", lambda: _benchmark(benchmark, torch, why, log))
     section("notebooks", lambda: _notebooks(notebooks, notebooks_out or outdir / "notebooks", deadline, per_notebook_s,
                                             torch, why, on_row=progress))

@@ -13,10 +13,13 @@ __all__ = ["VramlabLab"]
 class VramlabLab(Configurable):
     """How often the status bar and the side panel read each kernel's memory.
 
-    In ``jupyter_server_config.py``: ``c.VramlabLab.refresh_interval = 5.0``.
+    In ``jupyter_server_config.py``: ``c.VramlabLab.refresh_interval = 2.0``.
     """
 
-    refresh_interval = Float(2.0, config=True, help="Seconds between two readings in the browser (status bar, side panel).")
+    refresh_interval = Float(
+        5.0, config=True,
+        help="Seconds between two readings in the browser (status bar, side panel); 5 s, as jupyter-resource-usage, keeps "
+             "the server under 1% of a core for one browser (benchmarks/bench_lab.py).")
     min_interval = Float(
         1.0, config=True,
         help="Seconds a reading is served again before the server reads anew: any number of tabs cost one reading "
