@@ -313,24 +313,21 @@ def _in_kernel(torch: Any, why: Optional[str], notebooks_out: Path) -> list[Row]
         for line in _outputs_text(cell).splitlines():
             if line.startswith("VRAMLAB_JSON "):
                 found.update(json.loads(line[len("VRAMLAB_JSON "):]))
-    rows = []
-    if "vram_peak" in found:
-        ok = found["vram_peak"] == found["torch_peak"]
-        rows.append(Row("in a kernel", names[0], "PASS" if ok else "FAIL",
-                        f"%%vram peak {found['vram_peak']} B, torch.cuda.max_memory_allocated {found['torch_peak']} B"))
-    else:
-        rows.append(Row("in a kernel", names[0], "FAIL", "the cell printed no figures: " + _outputs_text(done.cells[2])[-300:]))
+    def compare(name: str, a: str, b: str, cell: int, detail: str) -> Row:
+        """PASS when the kernel printed ``a`` and ``b`` and they are equal."""
+        if a not in found or b not in found:
+            return Row("in a kernel", name, "FAIL", "the cell printed no figures: " + _outputs_text(done.cells[cell])[-300:])
+        return Row("in a kernel", name, "PASS" if found[a] == found[b] else "FAIL", detail.format(**found))
+
+    rows = [compare(names[0], "vram_peak", "torch_peak", 2,
+                    "%%vram peak {vram_peak} B, torch.cuda.max_memory_allocated {torch_peak} B")]
     oom = _outputs_text(done.cells[3])
     explained = "[vramlab] out of memory" in oom
     first = next((ln for ln in oom.splitlines() if "[vramlab]" in ln), oom.strip().splitlines()[-1:] or [""])
     rows.append(Row("in a kernel", names[1], "PASS" if explained and "OutOfMemoryError" in oom else "FAIL",
                     " ".join(oom.split())[:400] if explained else f"no explanation; the cell showed: {str(first)[:300]}"))
-    if "after_free" in found:
-        ok = found["after_free"] == found["base"]
-        rows.append(Row("in a kernel", names[2], "PASS" if ok else "FAIL",
-                        f"allocated, reserved after %vram free {found['after_free']} B; before the cells {found['base']} B"))
-    else:
-        rows.append(Row("in a kernel", names[2], "FAIL", "the last cell printed no figures: " + _outputs_text(done.cells[5])[-300:]))
+    rows.append(compare(names[2], "after_free", "base", 5,
+                        "allocated, reserved after %vram free {after_free} B; before the cells {base} B"))
     return rows
 
 
