@@ -35,8 +35,8 @@ def test_on_a_machine_without_cuda_every_gpu_row_is_skip(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     rows = _rows(report)
     sections = {row[0] for row in rows}
-    assert {"machine", "self-check", "attribution", "sampler", "allocator", "in a kernel", "benchmark",
-            "notebooks"} <= sections
+    assert {"machine", "self-check", "attribution", "sampler", "allocator", "in a kernel", "monitor",
+            "benchmark", "notebooks"} <= sections
     assert all(row[2] in ("SKIP", "INFO") for row in rows), report
     assert len([row for row in rows if row[0] == "self-check"]) == len(selftest.CHECKS) == 8
     assert {row[1] for row in rows if row[0] == "notebooks"} == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
@@ -119,8 +119,8 @@ def test_the_report_is_rewritten_after_every_section(tmp_path):
         seen[title] = (tmp_path / "out" / "report.md").read_text()
 
     gpu_report.run_report(tmp_path / "out", notebooks=tmp_path / "none", echo=echo)
-    assert list(seen) == ["machine", "self-check", "attribution", "sampler", "allocator", "in a kernel", "benchmark",
-                          "notebooks"]
+    assert list(seen) == ["machine", "self-check", "attribution", "sampler", "allocator", "in a kernel", "monitor",
+                          "benchmark", "notebooks"]
     assert "| machine |" in seen["machine"] and "| self-check |" not in seen["machine"]
     assert "still going, or was stopped" in seen["machine"]
     assert "| sampler |" in seen["sampler"] and "| notebooks |" not in seen["sampler"]
@@ -143,3 +143,15 @@ def test_the_in_kernel_cells_are_valid_ipython():
     for source, _ in gpu_report.IN_KERNEL_CELLS:
         compile(t.transform_cell(source), "<cell>", "exec")
     assert any("raises-exception" in tags for _, tags in gpu_report.IN_KERNEL_CELLS)  # the OOM cell does not stop the run
+
+
+def test_monitor_gaps_remove_the_driver_offset_and_tell_timing_from_error():
+    MiB = 1 << 20
+    smi = [(float(t), (1000 + 10 * t) * MiB + 512 * MiB) for t in range(10)]  # +512 MiB: the driver's reservation
+    samples = [(t + 0.1, (1000 + 10 * t) * MiB) for t in range(10)]
+    assert gpu_report.monitor_gaps(samples, smi) == (512 * MiB, 0, 0.1, 10 * MiB)
+    # memory jumps by 2 GiB between two nvidia-smi readings; the sampler read it nearer the one before
+    smi = [(0.0, 512 * MiB), (1.0, 512 * MiB), (2.0, 2560 * MiB), (3.0, 2560 * MiB)]
+    samples = [(0.0, 0), (0.9, 0), (1.4, 2048 * MiB), (3.0, 2048 * MiB)]
+    offset, gap, when, moved = gpu_report.monitor_gaps(samples, smi)
+    assert (offset, gap, when) == (512 * MiB, 2048 * MiB, 1.4) and moved == 2048 * MiB  # a matter of timing
