@@ -105,11 +105,6 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "vramlab"}]
 
 
-def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    """The Jupyter Server extension is :mod:`vramlab.server` (``jupyter server extension list``)."""
-    return [{"module": "vramlab.server"}]
-
-
 def load_ipython_extension(ip: Any) -> None:
     """Called by ``%load_ext vramlab``: registers the ``%vram`` magic."""
     from .ipython.extension import load

@@ -303,13 +303,10 @@ def _in_kernel(torch: Any, why: Optional[str], notebooks_out: Path) -> list[Row]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in_kernel.ipynb"
         nbformat.write(nb, src)
-        code = "import sys\nfrom vramlab.gpu_report import _notebook_child\n_notebook_child(sys.argv[1], sys.argv[2], 100)"
         env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
-        r = subprocess.run([sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True, timeout=130,
-                           env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        _, detail = _run_notebook(src, out, 105, env)
     if not out.exists():
-        tail = _clean(r.stderr).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
-        return [Row("in a kernel", n, "FAIL", f"the kernel did not run: {tail[0][:300]}") for n in names]
+        return [Row("in a kernel", n, "FAIL", f"the kernel did not run: {detail}") for n in names]
     done = nbformat.read(out, as_version=4)
     found: dict[str, Any] = {}
     for cell in done.cells:
@@ -504,13 +501,35 @@ def _kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+def _run_notebook(src: Path, out: Path, limit: float, env: dict[str, str]) -> tuple[str, str]:
+    """Run notebook ``src`` in its own process (:func:`_notebook_child`), saving it to ``out``;
+    ``(status, detail)``. Past ``limit`` seconds the process and its kernel are killed."""
+    import json
+
+    code = "import sys\nfrom vramlab.gpu_report import _notebook_child\n_notebook_child(sys.argv[1], sys.argv[2], float(sys.argv[3]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out), str(limit - 5)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL, cwd=str(src.parent),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        stdout, stderr = proc.communicate(timeout=limit + 10)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        proc.communicate()
+        return "FAIL", f"killed at its deadline of {limit:.0f} s (cells before it are saved)"
+    got = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if got:
+        result = json.loads(got[-1])
+        return result["status"], result["detail"]
+    tail = _clean(stderr).strip().splitlines()[-1:] or [""]
+    return "FAIL", f"the runner printed no result (exit {proc.returncode}) {tail[0][:300]}".rstrip()
+
+
 def _notebooks(src: Path, out: Path, deadline: float, per_notebook_s: int, torch: Any,
                why: Optional[str], on_row: Callable[[Row], None] = lambda r: None) -> list[Row]:
     """Each notebook in its own process with a real deadline: ``min(per_notebook_s, what is
     left of the budget)``, after which it and its kernel are killed; none starts with less than
     :data:`MIN_START_S` left. Kernels draw inline (MPLBACKEND is not passed on)."""
-    import json
-
     paths = sorted(src.glob("*.ipynb")) if src.is_dir() else []
     if not paths:
         return [Row("notebooks", str(src), "SKIP", "no notebooks found there")]
@@ -530,24 +549,7 @@ def _notebooks(src: Path, out: Path, deadline: float, per_notebook_s: int, torch
             continue
         limit = min(per_notebook_s, left)
         t0 = time.perf_counter()
-        code = "import sys\nfrom vramlab.gpu_report import _notebook_child\n_notebook_child(sys.argv[1], sys.argv[2], float(sys.argv[3]))"
-        proc = subprocess.Popen([sys.executable, "-c", code, str(p), str(out / p.name), str(limit - 5)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, cwd=str(src),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        try:
-            stdout, stderr = proc.communicate(timeout=limit + 10)
-            got = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-            if got:
-                result = json.loads(got[-1])
-                status, detail = result["status"], result["detail"]
-            else:
-                tail = _clean(stderr).strip().splitlines()[-1:] or [""]
-                status, detail = "FAIL", f"the runner printed no result (exit {proc.returncode}) {tail[0][:300]}".rstrip()
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc.pid)
-            proc.communicate()
-            status, detail = "FAIL", f"killed at its deadline of {limit:.0f} s (cells before it are saved)"
+        status, detail = _run_notebook(p, out / p.name, limit, env)
         dt = time.perf_counter() - t0
         row = Row("notebooks", p.stem, status, f"{dt:.1f} s on CUDA, large sizes" + (f"; {detail}" if detail else ""))
         rows.append(row)

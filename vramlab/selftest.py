@@ -247,6 +247,12 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     nv = read_nvml()
     # without NVML, the checks that need it are skipped and the torch-only ones still run
     no_nvml = f"skipped: {nv.reason or 'NVML found no NVIDIA device'}" if nv.reason or not nv.devices else None
+
+    def with_nvml(name: str, fn: Callable[[], Verdict]) -> None:
+        if no_nvml:
+            add(name, (None, no_nvml))
+        else:
+            guarded(name, fn)
     torch: Any
     try:
         import torch
@@ -274,12 +280,10 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     except Exception as e:
         smi = None
         log(f"nvidia-smi failed: {e}")
-    if no_nvml:
-        add(CHECKS[1], (None, no_nvml))
-    elif smi is None:
+    if smi is None and not no_nvml:
         add(CHECKS[1], (None, "nvidia-smi not found or failed"))
     else:
-        guarded(CHECKS[1], lambda: check_nvidia_smi(read_nvml().devices, smi))
+        with_nvml(CHECKS[1], lambda: check_nvidia_smi(read_nvml().devices, smi or []))
 
     if not cuda_ok:
         for n in CHECKS[2:]:
@@ -291,11 +295,8 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     torch.cuda.synchronize()
 
     # 3. mapping
-    if no_nvml:
-        add(CHECKS[2], (None, no_nvml))
-    else:
-        guarded(CHECKS[2], lambda: check_mapping(
-            snapshot(), [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]))
+    with_nvml(CHECKS[2], lambda: check_mapping(
+        snapshot(), [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]))
 
     # 4. 1 GiB allocation
     def allocation() -> Verdict:
@@ -310,19 +311,13 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
     guarded(CHECKS[3], allocation)
 
     # 5. raw readings agree
-    if no_nvml:
-        add(CHECKS[4], (None, no_nvml))
-    else:
-        guarded(CHECKS[4], lambda: check_readings(snapshot()))
+    with_nvml(CHECKS[4], lambda: check_readings(snapshot()))
 
     # 6. mem_get_info
     def free_memory() -> Verdict:
         info = tuple(int(v) for v in torch.cuda.mem_get_info(0))
         return check_free_memory(snapshot().device("cuda:0"), info)  # type: ignore[arg-type]
-    if no_nvml:
-        add(CHECKS[5], (None, no_nvml))
-    else:
-        guarded(CHECKS[5], free_memory)
+    with_nvml(CHECKS[5], free_memory)
     torch.cuda.empty_cache()
 
     # 7, 8. the estimator against the real allocator: allocated, then reserved (within 10%: the

@@ -182,10 +182,12 @@ def descendant_pids(pid: Optional[int] = None, proc: str = "/proc") -> Optional[
 _PROC_CHILDREN: Optional[bool] = None  # whether /proc has the children files (looked up once)
 
 
-def _list_descendants() -> tuple[int, ...]:
+def _list_descendants(pid: Optional[int] = None) -> tuple[int, ...]:
+    """The PIDs that descend from ``pid`` (this process by default): /proc's children files
+    where the kernel has them, else psutil; ``()`` for a process that is gone."""
     global _PROC_CHILDREN
     if _LINUX and _PROC_CHILDREN is not False:
-        pids = descendant_pids()
+        pids = descendant_pids(pid)
         if pids is not None:
             _PROC_CHILDREN = True
             return pids
@@ -193,7 +195,7 @@ def _list_descendants() -> tuple[int, ...]:
     import psutil
 
     try:
-        return tuple(p.pid for p in psutil.Process().children(recursive=True))
+        return tuple(p.pid for p in psutil.Process(pid).children(recursive=True))
     except psutil.Error:
         return ()
 
@@ -270,13 +272,8 @@ def read_process_tree(pid: int, uss: bool = False) -> ProcessTreeReading:
     ``uss=True`` their summed USS (slower). Sizes in bytes. Never raises: a process that ends
     while it is read is left out, and a ``pid`` that is gone reads as ``alive=False``."""
     try:
-        kids: Optional[tuple[int, ...]] = descendant_pids(pid) if _LINUX and _PROC_CHILDREN is not False else None
-        if kids is None:
-            import psutil
-
-            kids = tuple(p.pid for p in psutil.Process(pid).children(recursive=True))
-        got = _sum_memory((pid,) + kids, uss)
-    except Exception:  # psutil.NoSuchProcess from children(), or a /proc race
+        got = _sum_memory((pid,) + _list_descendants(pid), uss)
+    except Exception:  # a /proc race
         return ProcessTreeReading(pid=pid, alive=False)
     if pid not in got.pids:
         return ProcessTreeReading(pid=pid, alive=False)

@@ -38,7 +38,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Optional
 
-__all__ = ["NvmlDevice", "NvmlReading", "read_nvml"]
+__all__ = ["NvmlDevice", "NvmlReading", "read_nvml", "pid_visible"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def _versioned_lister(fn: Callable[[Any], Any]) -> Callable[[Any], list[tuple[in
     return call
 
 
-def _pid_visible(pid: int) -> bool:
+def pid_visible(pid: int) -> bool:
     """Whether ``pid`` exists in this PID namespace (``/proc/<pid>``); ``True`` off Linux."""
     if not sys.platform.startswith("linux"):
         return True
@@ -453,8 +453,8 @@ class _Nvml:
         if versions:
             mine = per_pid.get(pid, 0)
             kids = [v for k, v in per_pid.items() if k != pid and k in children]
-            visible = [v for k, v in per_pid.items() if k != pid and k not in children and _pid_visible(k)]
-            unseen = [v for k, v in per_pid.items() if k != pid and k not in children and not _pid_visible(k)]
+            visible = [v for k, v in per_pid.items() if k != pid and k not in children and pid_visible(k)]
+            unseen = [v for k, v in per_pid.items() if k != pid and k not in children and not pid_visible(k)]
             hidden, kids_listed = len(unseen), len(kids)
             others = _total(visible)
             hidden_mem = _total(unseen)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..probes.host import ProcessTreeReading, read_host, read_process_tree
-from ..probes.nvml import NvmlDevice, NvmlReading, read_nvml
+from ..probes.nvml import NvmlDevice, NvmlReading, pid_visible, read_nvml
 from ..units import format_bytes
 
 __all__ = ["KernelRef", "KernelMemoryService", "read_kernels", "SCHEMA_VERSION"]
@@ -73,15 +73,6 @@ class KernelRef:
 
 def _device_label(d: NvmlDevice) -> str:
     return f"GPU {d.index}" if d.mig_index is None else f"GPU {d.index} MIG {d.mig_index}"
-
-
-def _pid_visible(pid: int) -> bool:
-    """Whether ``pid`` exists in this PID namespace (a container's NVML lists host PIDs)."""
-    if os.path.isdir("/proc"):
-        return os.path.exists(f"/proc/{pid}")
-    import psutil
-
-    return bool(psutil.pid_exists(pid))
 
 
 def _sum(figures: Sequence[Optional[int]]) -> Optional[int]:
@@ -157,7 +148,7 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
         for pid, mem in d.processes:
             if pid in owner:
                 mine[owner[pid]].append(mem)
-            elif pid != server_pid and not _pid_visible(pid):
+            elif pid != server_pid and not pid_visible(pid):
                 hidden.append(mem)
             else:
                 rest.append(mem)

@@ -162,9 +162,10 @@ def warm_up_cuda(torch_mod: Any = torch, device: str = "cuda:0") -> None:
 
 
 def measure_cuda_peaks(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
-                 optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
-                 loss_fn: Optional[Callable[..., Any]] = None, steps: Optional[int] = None,
-                 device: str = "cuda:0", precision: Optional[str] = None, checkpoint: Any = None) -> tuple[int, int]:
+                       optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
+                       loss_fn: Optional[Callable[..., Any]] = None, steps: Optional[int] = None,
+                       device: str = "cuda:0", precision: Optional[str] = None,
+                       checkpoint: Any = None) -> tuple[int, int]:
     """Run the very steps :func:`~vramlab.sim.estimate.estimate` runs, for real on a CUDA device;
     return the peak bytes ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` report above
     what was allocated and reserved before.
@@ -208,5 +209,3 @@ def measure_cuda(build_model: Callable[[], nn.Module], make_batch: Callable[[int
     return measure_cuda_peaks(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, dtype=dtype,
                               step=step, loss_fn=loss_fn, steps=steps, device=device, precision=precision,
                               checkpoint=checkpoint)[0]
-
-
