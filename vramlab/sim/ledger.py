@@ -8,7 +8,15 @@ How the accounting works (see ``docs/virtual-gpu.md`` for the full semantics):
 - a weakref callback on each counted storage subtracts it when the storage is freed,
   inside the context or after it (figures stay correct after ``__exit__``);
 - ``resize_`` (``Tensor.resize_``, ``out=`` arguments that grow, and
-  ``UntypedStorage.resize_``) updates the storage's size in place;
+  ``UntypedStorage.resize_``) updates the storage's size in place; while a storage is
+  resized its old and new memory are both held, as CUDA's ``resize_bytes_cuda`` holds them
+  (allocate, copy, free), so the peak sees both;
+- the device decides before the host pays: before a real (CPU) operator runs, it is run once
+  on the ``meta`` device (shapes only, no memory) to learn the bytes of every storage it will
+  create or grow; those blocks are taken from the allocator (or checked against the budget)
+  first, and a request the device cannot hold raises the OOM before the CPU allocates
+  anything. An operator without a meta kernel (data-dependent shapes: ``nonzero``,
+  ``unique``...) is checked after it runs, as before; :attr:`Ledger.checked_after` names them;
 - the capacity is checked before the storage is counted: on overflow the operator's
   outputs are dropped, the OOM is raised and nothing of that operator stays counted.
 
@@ -29,7 +37,8 @@ from .._extras import require_torch
 require_torch("vramlab's simulator")  # one line saying what to install, not a bare ModuleNotFoundError
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["Ledger", "ShardLedger", "LedgerHooks", "CATEGORIES", "CUDA_BLOCK_SIZE", "storage_of",
@@ -63,6 +72,11 @@ for _name in ("lift_fresh", "lift_fresh_copy", "lift"):
         _FRESH_OPS.add(_op.default)
 _RESIZE_OPS = {torch.ops.aten.resize_.default}
 _RESIZE_AS_OPS = {torch.ops.aten.resize_as_.default}
+_META = torch.device("meta")
+#: operators whose outputs the meta device cannot size (no meta kernel, data-dependent shapes)
+_UNSIZED: set[Any] = set()
+#: per operator: (whether it may allocate, its ``out=`` arguments' names, whether it takes ``device``)
+_PLANS: dict[Any, tuple[bool, tuple[str, ...], bool]] = {}
 
 
 
@@ -77,12 +91,92 @@ def _alias_flags(func: Any) -> tuple[bool, ...]:
     return flags
 
 
+def _plan(func: Any) -> tuple[bool, tuple[str, ...], bool]:
+    """What the schema says of ``func``: whether it may allocate (a tensor return that is not an
+    alias, or ``out=`` arguments that may grow), the names of its ``out=`` arguments, and
+    whether it takes a ``device`` (a factory function)."""
+    plan = _PLANS.get(func)
+    if plan is None:
+        try:
+            schema = func._schema
+            fresh = any(r.alias_info is None and "Tensor" in str(r.type) for r in schema.returns)
+            outs = tuple(a.name for a in schema.arguments
+                         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+            device = any(a.name == "device" for a in schema.arguments)
+        except Exception:
+            fresh, outs, device = False, (), False
+        plan = (fresh or bool(outs), outs, device)
+        _PLANS[func] = plan
+    return plan
+
+
+class _Unsized(Exception):
+    """An argument the meta device cannot stand for (a subclass, a sparse or nested tensor)."""
+
+
+def _on_meta(x: Any) -> Any:
+    """A CPU tensor's stand-in on the meta device (same shape, strides and dtype, no memory);
+    the CPU device as ``meta``; anything else unchanged."""
+    if isinstance(x, torch.Tensor):
+        if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.layout != torch.strided or x.is_nested:
+            raise _Unsized
+        if x.device.type == "meta":
+            return x
+        if x.device.type != "cpu":
+            raise _Unsized
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
+    if isinstance(x, torch.device):
+        if x.type not in ("cpu", "meta"):
+            raise _Unsized
+        return _META
+    return x
+
+
+def _out_on_meta(x: Any) -> Any:
+    """An ``out=`` tensor's stand-in: as :func:`_on_meta`, over a meta storage of the real
+    storage's size, so that growing it shows."""
+    if not isinstance(x, torch.Tensor):
+        return _on_meta(x)
+    if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.layout != torch.strided or x.is_nested:
+        raise _Unsized
+    st = torch.UntypedStorage(x.untyped_storage().nbytes(), device=_META)
+    return torch.empty(0, dtype=x.dtype, device=_META).set_(st, x.storage_offset(), x.shape, x.stride())
+
+
 def storage_of(t: Any) -> Optional[torch.UntypedStorage]:
     try:
         return t.untyped_storage()
     except Exception:  # sparse, nested, wrapper subclasses without a storage
         return None
 
+
+
+#: torch refuses any request of 1 EiB or more before its allocator sees it, and counts no OOM
+_ONE_EXA_BYTES = 1 << 60
+
+
+def _refuse_exabyte(nbytes: int) -> None:
+    """``NativeCachingAllocator::allocate``'s first check: ``TORCH_CHECK_WITH(OutOfMemoryError,
+    size < one_exa_bytes, "CUDA out of memory. Tried to allocate more than 1EB memory.")``."""
+    if nbytes >= _ONE_EXA_BYTES:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
+
+
+def _pop_reserved(reserved: list, nbytes: int) -> Any:
+    """The first block taken for a storage of ``nbytes`` bytes, out of ``reserved``; else ``None``."""
+    for i, (n, block) in enumerate(reserved):
+        if n == nbytes:
+            del reserved[i]
+            return block
+    return None
+
+
+def _needs_values(e: BaseException) -> bool:
+    """Whether a fake tensor raised ``e`` because an operator needed values it does not have
+    (``.item()``, a data-dependent output shape)."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return bool(names & {"DataDependentOutputException", "DynamicOutputShapeException",
+                         "GuardOnDataDependentSymNode", "UnsupportedOperatorException"})
 
 
 def _free_when_collected(ledger: Any, key: int, _ref: Any) -> None:
@@ -146,9 +240,21 @@ class Ledger(TorchDispatchMode):
     """
 
     def __init__(self, budget: Optional[int], *, round_blocks: bool = False, fake: bool = False,
-                 on_oom: Optional[Callable[[int, int], BaseException]] = None, allocator: Any = None) -> None:
+                 on_oom: Optional[Callable[[int, int], BaseException]] = None, allocator: Any = None,
+                 host_guard: Optional[Callable[[int], None]] = None,
+                 no_values: Optional[Callable[[Any, BaseException], BaseException]] = None) -> None:
         super().__init__()
         self.allocator = allocator
+        #: ``host_guard(nbytes)`` before a real operator allocates ``nbytes`` on the host, once the
+        #: device has said yes: raises when the host cannot pay (see VirtualGPU's values)
+        self.host_guard = host_guard
+        #: with fake tensors standing for a device's values: ``no_values(func, error)`` builds the
+        #: error raised when an operator needs a value that was never computed (``.item()``)
+        self.no_values = no_values
+        #: the operators whose outputs were counted after they ran (no meta kernel to size them first)
+        self.checked_after: set[str] = set()
+        #: ``frames()``: the Python stack to record with each block, when the allocator records history
+        self.frames: Optional[Callable[[], list]] = None
         self._pending: dict[int, Any] = {}  # blocks taken for a resize before it runs (by storage id)
         self.budget = budget
         self.round_blocks = round_blocks
@@ -217,6 +323,7 @@ class Ledger(TorchDispatchMode):
     def check(self, extra: int, pending: int = 0) -> None:
         if self.allocator is not None:
             return  # the allocator decides, when the block is asked for
+        _refuse_exabyte(extra)
         if self.budget is not None and extra > 0 and self.allocated + pending + extra > self.budget:
             raise self._oom(extra, pending)
 
@@ -225,11 +332,13 @@ class Ledger(TorchDispatchMode):
         or the OOM, built as ``on_oom`` builds it, with the segment size torch reports."""
         if raw <= 0:
             return None
+        _refuse_exabyte(raw)
         from .allocator import AllocatorOOM
 
+        frames = self.frames() if self.frames is not None else None
         with self.lock:
             try:
-                return self.allocator.malloc(raw)
+                return self.allocator.malloc(raw) if frames is None else self.allocator.malloc(raw, frames=frames)
             except AllocatorOOM as e:
                 err = e
         raise self._oom(err.requested, 0)
@@ -263,8 +372,10 @@ class Ledger(TorchDispatchMode):
         if raw == rec.raw:
             self._release(self._pending.pop(id(st), None))
             return
+        # As CUDA resizes a storage (resize_bytes_cuda): the new memory is allocated while the
+        # old is held, the data copied, then the old freed; the peak sees both.
         old = None
-        if self.allocator is not None:  # as CUDA resizes a storage: a new block, the copy, the old one freed
+        if self.allocator is not None:
             block = self._pending.pop(id(st), None)
             if block is None and raw > 0:
                 block = self._malloc(raw)
@@ -273,19 +384,23 @@ class Ledger(TorchDispatchMode):
         else:
             counted = self.size_of(raw)
             if check:
-                self.check(counted - rec.counted)
+                self.check(counted)
         with self.lock:
-            delta = counted - rec.counted
+            before = rec.counted
             rec.raw, rec.counted = raw, counted
-            self.allocated += delta
-            self.cats[rec.cat] += delta
-        self._bump_peak()
+            self.allocated += counted
+            self.cats[rec.cat] += counted
+            self._bump_peak()
+            self.allocated -= before
+            self.cats[rec.cat] -= before
         self._release(old)
 
-    def admit(self, storages: list[torch.UntypedStorage], cat: str) -> int:
-        """Count new storages all-or-nothing; raise the OOM when they do not fit. Returns bytes."""
+    def admit(self, storages: list[torch.UntypedStorage], cat: str, reserved: Optional[list] = None) -> int:
+        """Count new storages all-or-nothing; raise the OOM when they do not fit. Returns bytes.
+        ``reserved``: ``(nbytes, block)`` pairs taken before the operator ran; a storage of that
+        size takes its block (and the pair leaves the list)."""
         if self.allocator is not None:
-            return self._admit_blocks(storages, cat)
+            return self._admit_blocks(storages, cat, reserved)
         sizes = []
         pending = 0
         for st, raw in self._unseen(storages):
@@ -310,13 +425,16 @@ class Ledger(TorchDispatchMode):
             seen.add(k)
             yield st, st.nbytes()
 
-    def _admit_blocks(self, storages: list[torch.UntypedStorage], cat: str) -> int:
-        """:meth:`admit` with the allocator: a block per storage; on an OOM the blocks already
-        taken go back to the cache (reserved memory stays, as on a card) and nothing is counted."""
+    def _admit_blocks(self, storages: list[torch.UntypedStorage], cat: str, reserved: Optional[list] = None) -> int:
+        """:meth:`admit` with the allocator: a block per storage (one taken before the operator
+        ran, when its size is in ``reserved``); on an OOM the blocks already taken go back to
+        the cache (reserved memory stays, as on a card) and nothing is counted."""
         taken: list[tuple[torch.UntypedStorage, int, Any]] = []
         try:
             for st, raw in self._unseen(storages):
-                taken.append((st, raw, self._malloc(raw)))
+                taken.append((st, raw, _pop_reserved(reserved, raw) if reserved else None))
+                if taken[-1][2] is None and raw > 0:
+                    taken[-1] = (st, raw, self._malloc(raw))
         except BaseException:
             for _st, _raw, block in taken:
                 self._release(block)
@@ -454,14 +572,121 @@ class Ledger(TorchDispatchMode):
             self._precheck_resize(args[0], math.prod(int(s) for s in args[1]))
         elif func in _RESIZE_AS_OPS and isinstance(args[1], torch.Tensor):
             self._precheck_resize(args[0], args[1].numel())
-        out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor):
-            self._account(func, (out,), True)
-        elif isinstance(out, (tuple, list)) and out:
-            self._account(func, out, False)
+        reserved = None
+        if not self.fake and (self.allocator is not None or self.budget is not None or self.host_guard is not None):
+            reserved = self._decide_first(func, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor):
+                self._account(func, (out,), True, reserved)
+            elif isinstance(out, (tuple, list)) and out:
+                self._account(func, out, False, reserved)
+        except Exception as e:
+            if self.no_values is not None and _needs_values(e):
+                raise self.no_values(func, e) from None
+            raise
+        finally:
+            if reserved:  # blocks taken for outputs the operator did not make after all
+                for _n, block in reserved:
+                    self._release(block)
         return out
 
-    def _account(self, func: Any, outs: Any, single: bool) -> None:
+    # ------------------------------------------------------------------ deciding first
+
+    def _decide_first(self, func: Any, args: tuple, kwargs: dict) -> Optional[list]:
+        """Before a real operator runs: its new storages' sizes from a run on the meta device,
+        the blocks for them taken (or the budget checked) and ``out=`` growth prechecked, so
+        that an OOM leaves the host untouched; then the host guard. Returns the
+        ``(nbytes, block)`` pairs taken, for :meth:`admit`; ``None`` when nothing was taken."""
+        may, outs, device = _plan(func)
+        if not may or func in _UNSIZED:
+            return None
+        sized = self._meta_sizes(func, args, kwargs, outs, device)
+        if sized is None:
+            return None
+        sizes, growth = sized
+        for st, nbytes in growth:  # out= arguments that will grow: as resize_ does
+            rec = self.table.get(id(st))
+            if rec is not None:
+                if self.allocator is not None:
+                    self._take_pending(st, nbytes)
+                else:
+                    self.check(self.size_of(nbytes))
+        taken: list[tuple[int, Any]] = []
+        try:
+            if self.allocator is not None:
+                for n in sizes:
+                    if n > 0:
+                        taken.append((n, self._malloc(n)))
+            else:  # one after the other, as the outputs are allocated: the first that does not fit is named
+                pending = 0
+                for n in sizes:
+                    self.check(self.size_of(n), pending)
+                    pending += self.size_of(n)
+            if self.host_guard is not None:
+                self.host_guard(sum(sizes) + sum(n for _st, n in growth))
+        except BaseException:
+            for _n, block in taken:
+                self._release(block)
+            for st, _n in growth:
+                self._release(self._pending.pop(id(st), None))
+            raise
+        return taken
+
+    def _meta_sizes(self, func: Any, args: tuple, kwargs: dict, outs: tuple[str, ...],
+                    device: bool) -> Optional[tuple[list[int], list[tuple[torch.UntypedStorage, int]]]]:
+        """``(bytes of each new storage, [(out= storage, its new bytes)])`` from running ``func``
+        on meta stand-ins of its arguments, or ``None`` when the meta device cannot say."""
+        try:
+            margs = tree_map(_on_meta, args)
+            mkw = {k: (tree_map(_out_on_meta, v) if k in outs else tree_map(_on_meta, v)) for k, v in kwargs.items()}
+        except _Unsized:
+            return None
+        if device and mkw.get("device") is None:
+            mkw["device"] = _META
+        try:
+            if torch._C._len_torch_dispatch_stack():  # modes below this one must not see the stand-in
+                with _disable_current_modes():
+                    mout = func(*margs, **mkw)
+            else:
+                mout = func(*margs, **mkw)
+        except NotImplementedError:
+            _UNSIZED.add(func)
+            self.checked_after.add(str(func))
+            return None
+        except Exception as e:  # a data-dependent shape; or the real call will raise the same error
+            if _needs_values(e) or "meta" in str(e).lower():
+                _UNSIZED.add(func)
+                self.checked_after.add(str(func))
+            return None
+        flags = _alias_flags(func)
+        fresh = func in _FRESH_OPS
+        sizes: list[int] = []
+        seen: set[int] = set()
+        single = isinstance(mout, torch.Tensor)
+        for i, o in enumerate((mout,) if single else (mout if isinstance(mout, (tuple, list)) else ())):
+            alias = (flags[0] if single and flags else (flags[i] if i < len(flags) else False)) and not fresh
+            if alias:
+                continue
+            for t in (o if isinstance(o, (tuple, list)) else (o,)):
+                if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                    mst = t.untyped_storage()
+                    if id(mst) not in seen:
+                        seen.add(id(mst))
+                        sizes.append(mst.nbytes())
+        growth: list[tuple[torch.UntypedStorage, int]] = []
+        for k in outs:
+            real, meta = kwargs.get(k), mkw.get(k)
+            pairs = zip(real, meta) if isinstance(real, (tuple, list)) and isinstance(meta, (tuple, list)) \
+                else ((real, meta),)
+            for r, m in pairs:
+                if isinstance(r, torch.Tensor) and isinstance(m, torch.Tensor):
+                    st = storage_of(r)
+                    if st is not None and m.untyped_storage().nbytes() > st.nbytes():
+                        growth.append((st, m.untyped_storage().nbytes()))
+        return sizes, growth
+
+    def _account(self, func: Any, outs: Any, single: bool, reserved: Optional[list] = None) -> None:
         flags = _alias_flags(func)
         fresh = func in _FRESH_OPS
         new: list[torch.UntypedStorage] = []
@@ -474,7 +699,7 @@ class Ledger(TorchDispatchMode):
                     if isinstance(t, torch.Tensor):
                         self._one(t, alias and not fresh, new)
         if new:
-            self.admit(new, "optimizer_state" if self.in_optimizer else (self.allocating_as or "other"))
+            self.admit(new, "optimizer_state" if self.in_optimizer else (self.allocating_as or "other"), reserved)
 
     def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
         if not self.counts(t):
@@ -501,7 +726,7 @@ class ShardLedger(Ledger):
     every traceable wrapper subclass (``__tensor_flatten__``) instead of the wrapper.
     """
 
-    def _account(self, func: Any, outs: Any, single: bool) -> None:
+    def _account(self, func: Any, outs: Any, single: bool, reserved: Optional[list] = None) -> None:
         # An operator returning one ``Tensor(a)[]`` (``split``, ``chunk``, ``unbind``) returns
         # views, all of them: the plain ledger treats the 2nd and later as fresh, which counts
         # the whole storage of a tensor it did not see created (gloo's reduce-scatter splits a
@@ -516,7 +741,7 @@ class ShardLedger(Ledger):
                         if st is not None and rec is not None and rec.raw != st.nbytes():
                             self._regrow(st, rec)
                 return
-        super()._account(func, outs, single)
+        super()._account(func, outs, single, reserved)
 
     def _one(self, t: torch.Tensor, alias: bool, new: list) -> None:
         if is_traceable_wrapper_subclass(t):
