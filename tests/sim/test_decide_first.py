@@ -108,7 +108,6 @@ def test_a_refused_allocation_leaves_the_host_as_it_was(allocator, name, prepare
         assert "CUDA out of memory. Tried to allocate" in msg
         assert grew < RSS_BOUND, f"{name}: the host grew by {grew / MiB:.1f} MiB for a refused allocation"
         assert gpu.allocated == alloc_before, "nothing of the refused operator is counted"
-        del inputs
 
 
 def test_a_request_larger_than_the_host_is_a_cuda_oom_counted_by_the_card():
