@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
+import traceback
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from .._extras import require_torch
 
@@ -32,11 +34,15 @@ from ..reconcile import device_layers, register_device_provider, unregister_devi
 from ..units import format_bytes, parse_size
 from .allocator import AllocConf, CachingAllocator
 from .kernels import CudaKernels
-from .ledger import CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, ShardLedger, counted_storage_resize, storage_of
+from .ledger import _ONE_EXA_BYTES, CATEGORIES, CUDA_BLOCK_SIZE, Ledger, LedgerHooks, ShardLedger, counted_storage_resize, storage_of
 from .presets import get_preset
 
 __all__ = [
     "VirtualGPU",
+    "HostMemoryError",
+    "ValuesNotComputedError",
+    "ONE_EXA_BYTES",
+    "host_margin",
     "active_virtual_gpu",
     "CATEGORIES",
     "CUDA_BLOCK_SIZE",
@@ -53,15 +59,100 @@ ALLOCATORS: tuple[str, ...] = ("caching", "exact")
 
 
 def allocator_conf(allocator: str, alloc_conf: Optional[str]) -> Optional[AllocConf]:
-    """The caching allocator's options for ``allocator="caching"`` (``alloc_conf`` or the
-    environment's ``PYTORCH_CUDA_ALLOC_CONF``), ``None`` for ``"exact"``; one ``ValueError`` else."""
+    """The caching allocator's options for ``allocator="caching"`` (``alloc_conf``, or the
+    environment's as torch reads it: ``PYTORCH_CUDA_ALLOC_CONF``, ``PYTORCH_ALLOC_CONF``, see
+    :meth:`AllocConf.from_environ`), ``None`` for ``"exact"``; one ``ValueError`` else."""
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
     if allocator == "exact":
         if alloc_conf is not None:
             raise ValueError("alloc_conf applies to allocator='caching'")
         return None
-    return AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if alloc_conf is None else alloc_conf)
+    if alloc_conf is None:
+        from_environ = getattr(AllocConf, "from_environ", None)
+        if from_environ is not None:
+            return from_environ(os.environ)
+        return AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    return AllocConf.parse(alloc_conf)
+
+
+#: torch refuses any single request of 1 EiB or more before its allocator sees it
+#: (``NativeCachingAllocator::allocate``: ``size < one_exa_bytes``, 2**60 bytes)
+ONE_EXA_BYTES = _ONE_EXA_BYTES
+
+
+def host_margin(limit: int) -> int:
+    """Bytes of host RAM a VirtualGPU with values leaves untouched: a sixteenth of the host's
+    effective limit, at least 256 MiB (CPU kernels allocate workspaces the books never see)."""
+    return max(256 << 20, limit // 16)
+
+
+class HostMemoryError(MemoryError):
+    """The virtual card would hold an allocation, but the host cannot pay for its values.
+
+    A VirtualGPU with values computes every tensor on the CPU, in this machine's RAM. When a
+    request the card accepts would leave the host less than :func:`host_margin`, nothing is
+    allocated and this is raised instead of letting the operating system kill the kernel. It
+    is not an out-of-memory error of the card: the card had room. Attributes in bytes:
+    ``requested``, ``available`` (the host's, as read), ``margin``; ``device``: the card's name.
+    """
+
+    def __init__(self, requested: int, available: int, margin: int, device: str) -> None:
+        self.requested, self.available, self.margin, self.device = requested, available, margin, device
+        super().__init__(
+            f"vramlab's virtual GPU {device!r} has room for {format_bytes(requested)} more, but it computes "
+            f"tensor values in this machine's RAM, which has {format_bytes(available)} available "
+            f"({format_bytes(margin)} is kept free): nothing was allocated. To ask about a card larger than "
+            f"this machine, use VirtualGPU(..., values=False): shapes and memory only, no values "
+            f"(what estimate() runs); or try a smaller batch.")
+
+
+class ValuesNotComputedError(RuntimeError):
+    """An operator needed a tensor's values on a VirtualGPU with ``values=False``, where tensors
+    are fake: shapes, dtypes and memory, no values (``.item()``, ``print`` of a value, a
+    data-dependent shape such as ``nonzero``). ``op``: the operator's name."""
+
+    def __init__(self, op: str, device: str) -> None:
+        self.op, self.device = op, device
+        super().__init__(
+            f"{op} needs tensor values, and vramlab's virtual GPU {device!r} runs with values=False: its "
+            f"tensors have shapes and memory but no values, so none was computed. Remove the read "
+            f"(.item(), a print, a value-dependent shape) from the step, or run it with values=True on a "
+            f"card that fits this machine's RAM.")
+
+
+class _HostGuard:
+    """``guard(nbytes)`` before a real operator allocates ``nbytes``: refuses (HostMemoryError)
+    when the host would keep less than :func:`host_margin`. It reads the host (``/proc``, the
+    cgroup) only when the bytes allowed since the last reading run out, so most operators cost
+    a subtraction."""
+
+    def __init__(self, device: str, read: Optional[Callable[[], tuple[int, int]]] = None) -> None:
+        self.device = device
+        self.read = read or _host_available
+        self.left = 0  # bytes that may still be allocated before the host is read again
+
+    def __call__(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        if nbytes <= self.left:
+            self.left -= nbytes
+            return
+        available, limit = self.read()
+        margin = host_margin(limit)
+        self.left = available - margin
+        if nbytes > self.left:
+            self.left = 0
+            raise HostMemoryError(nbytes, available, margin, self.device)
+        self.left -= nbytes
+
+
+def _host_available() -> tuple[int, int]:
+    """``(available, effective limit)`` of the host, in bytes (:func:`vramlab.probes.host.read_host`)."""
+    from ..probes.host import read_host
+
+    h = read_host(children=False)
+    return h.available, h.limit
 
 
 _ACTIVE: Optional["VirtualGPU"] = None
@@ -86,23 +177,52 @@ def cuda_format_size(n: int) -> str:
 
 
 def cuda_oom_message(requested: int, total: int, free: int, process_used: int, allocated: int,
-                     name: Optional[str] = None, reserved: Optional[int] = None) -> str:
-    """The text of CUDA's caching-allocator OOM (torch 2.x wording), for GPU 0, in bytes,
-    followed by one sentence saying that the device is vramlab's virtual GPU. ``reserved``:
-    what the caching allocator holds (``None``: exact accounting, nothing cached)."""
+                     name: Optional[str] = None, reserved: Optional[int] = None, allowed: Optional[int] = None) -> str:
+    """The text of CUDA's caching-allocator OOM, for GPU 0, in bytes, word for word as torch 2.13
+    writes it (``DeviceCachingAllocator::malloc``, c10/cuda/CUDACachingAllocator.cpp), followed by
+    one sentence saying that the device is vramlab's virtual GPU. ``reserved``: what the caching
+    allocator holds (``None``: exact accounting, nothing cached); ``allowed``: the maximum a
+    memory fraction sets (torch's ``"X allowed; "``), or ``None``."""
     where = f"vramlab's virtual GPU{f' {name!r}' if name else ''} (virtual:0), simulated on the CPU"
     cached = 0 if reserved is None else reserved - allocated
     hint = (" If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-            "to avoid fragmentation." if reserved is not None else "")
+            "to avoid fragmentation.  See documentation for Memory Management  "
+            "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+            if reserved is not None else "")
+    allowed_info = f"{cuda_format_size(allowed)} allowed; " if allowed is not None else ""
     return (
         f"CUDA out of memory. Tried to allocate {cuda_format_size(requested)}. "
         f"GPU 0 has a total capacity of {cuda_format_size(total)} of which {cuda_format_size(max(free, 0))} is free. "
         f"Including non-PyTorch memory, this process has {cuda_format_size(process_used)} memory in use. "
-        f"Of the allocated memory {cuda_format_size(allocated)} is allocated by PyTorch, and "
+        f"{allowed_info}Of the allocated memory {cuda_format_size(allocated)} is allocated by PyTorch, and "
         f"{cuda_format_size(cached)} is reserved by PyTorch but unallocated.{hint} This device is {where}: "
         f"the allocation was refused and nothing of it is counted."
     )
 
+
+
+def _takes_total(fn: Any) -> bool:
+    import inspect
+
+    try:
+        return "total" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_SKIP_FRAMES = (os.sep + os.path.join("vramlab", "sim", ""), os.sep + os.path.join("torch", "utils", "_python_dispatch.py"),
+                os.sep + os.path.join("torch", "_subclasses", ""))
+
+
+def _python_frames() -> list[dict[str, Any]]:
+    """The Python stack of the code allocating now, innermost first, in torch's snapshot format
+    (``{"filename", "line", "name"}``), without vramlab's own frames and the dispatch machinery."""
+    frames = []
+    for fr in reversed(traceback.extract_stack()):
+        if any(part in fr.filename for part in _SKIP_FRAMES):
+            continue
+        frames.append({"filename": fr.filename, "line": fr.lineno or 0, "name": fr.name})
+    return frames
 
 
 # ---------------------------------------------------------------------- VirtualGPU
@@ -169,12 +289,25 @@ class VirtualGPU:
         count_shards: count a tensor subclass (FSDP2's ``DTensor``) by the local tensors it
             holds rather than its global size (:class:`~vramlab.sim.ledger.ShardLedger`): what
             one rank's device holds. Off by default.
+        values: ``True`` (the default): tensors are real CPU tensors with real values, held in
+            this machine's RAM; an allocation the card accepts but the host cannot pay for
+            raises :class:`HostMemoryError` (nothing allocated) rather than letting the
+            operating system kill the process. ``False``: tensors made inside are fake
+            (``FakeTensorMode``: shapes, dtypes and the card's memory, no values and no host
+            memory), so a card larger than this machine can run a whole step, exactly as
+            :func:`~vramlab.estimate` counts it; reading a value (``.item()``) raises
+            :class:`ValuesNotComputedError`. Create the model inside the context (or
+            :meth:`adopt` it) so that its parameters are fake too.
 
     Use::
 
         with VirtualGPU("T4") as gpu:
             model = make_model(); loss = model(x).sum(); loss.backward()
         gpu.peak, gpu.breakdown()
+
+    Every allocation asks the card first: the bytes an operator will allocate are sized on the
+    meta device before it runs, so a request the card cannot hold raises the OOM before the
+    host allocates anything.
 
     Semantics (``docs/virtual-gpu.md``): one VirtualGPU is active at a time in a process
     (entering a second raises ``ValueError``; re-entering the same one after it exited
@@ -186,19 +319,33 @@ class VirtualGPU:
     def __init__(self, capacity: Union[int, str], name: Optional[str] = None, *, round_blocks: bool = False,
                  context_overhead: Optional[int] = None, count_shards: bool = False, allocator: str = "caching",
                  alloc_conf: Optional[str] = None, kernels: Optional[str] = None,
-                 compute_capability: Optional[tuple[int, int]] = None) -> None:
+                 compute_capability: Optional[tuple[int, int]] = None, values: bool = True) -> None:
         spec = _resolve_capacity(capacity, name, context_overhead)
         self._spec = spec
+        if not isinstance(values, bool):
+            raise ValueError(f"values must be True (real tensors) or False (shapes and memory only); got {values!r}")
+        self.values = values
         conf = allocator_conf(allocator, alloc_conf)
         self.allocator_kind = allocator
         self._alloc: Optional[CachingAllocator] = None
+        self._fraction = 1.0
         if conf is not None:
             self._alloc = CachingAllocator(spec.capacity - spec.context, conf)
             round_blocks = True  # every block is a multiple of 512 bytes
+            self._fraction = getattr(conf, "per_process_memory_fraction", None) or 1.0
         self.round_blocks = bool(round_blocks)
         books = ShardLedger if count_shards else Ledger
+        self._fake_mode: Any = None
+        if not values:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self._fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self._acct = books(spec.capacity - spec.context, round_blocks=self.round_blocks, on_oom=self._make_oom,
-                           allocator=self._alloc)
+                           allocator=self._alloc, fake=not values,
+                           host_guard=_HostGuard(self.name) if values else None,
+                           no_values=None if values else self._no_values)
+        if self._fraction < 1.0:
+            self._apply_fraction(self._fraction)
         self._hooks = LedgerHooks(self._acct)
         if kernels not in (None, "cuda", "cpu"):
             raise ValueError(f"kernels must be 'cuda' or 'cpu'; got {kernels!r}")
@@ -313,13 +460,6 @@ class VirtualGPU:
         with self._acct.lock:
             return list(self._alloc.snapshot()["segments"])
 
-    def record_memory_history(self, enabled: bool = True) -> None:
-        """``torch.cuda.memory._record_memory_history``: record the allocator's trace (alloc, free,
-        segment events) for :meth:`memory_dump`."""
-        if self._alloc is None:
-            raise ValueError("record_memory_history() needs VirtualGPU(..., allocator='caching')")
-        self._alloc.record_trace = bool(enabled)
-
     def memory_dump(self) -> dict[str, Any]:
         """``torch.cuda.memory._snapshot()``: ``{"segments", "device_traces"}``, which
         ``torch.cuda._memory_viz`` renders (``segsum``, ``trace``, ``segment_plot``)."""
@@ -327,6 +467,86 @@ class VirtualGPU:
             raise ValueError("memory_dump() needs VirtualGPU(..., allocator='caching')")
         with self._acct.lock:
             return self._alloc.snapshot()
+
+    # ---------------------------------------------------------------- torch.cuda's names
+
+    def memory_allocated(self) -> int:
+        """``torch.cuda.memory_allocated()``: :attr:`allocated`, in bytes."""
+        return self.allocated
+
+    def max_memory_allocated(self) -> int:
+        """``torch.cuda.max_memory_allocated()``: :attr:`peak`, in bytes."""
+        return self.peak
+
+    def memory_reserved(self) -> int:
+        """``torch.cuda.memory_reserved()``: :attr:`reserved`, in bytes."""
+        return self.reserved
+
+    def max_memory_reserved(self) -> int:
+        """``torch.cuda.max_memory_reserved()``: :attr:`max_reserved`, in bytes."""
+        return self.max_reserved
+
+    def reset_peak_memory_stats(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats()``: :meth:`reset_peak`."""
+        self.reset_peak()
+
+    def set_per_process_memory_fraction(self, fraction: float) -> None:
+        """``torch.cuda.set_per_process_memory_fraction``: this process may hold at most
+        ``round(fraction * capacity)`` bytes of the card in the caching allocator's segments (torch's
+        ``setMemoryFraction``; 1.0 lifts the limit); over it, an allocation is an OOM that says
+        ``"X allowed;"``. Validated as torch validates it: a ``float`` in [0, 1]."""
+        if not isinstance(fraction, float):  # torch/cuda/memory.py
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self._apply_fraction(fraction)
+
+    def get_per_process_memory_fraction(self) -> float:
+        """``torch.cuda.get_per_process_memory_fraction``: the fraction set (1.0 when none)."""
+        return self._fraction
+
+    def _apply_fraction(self, fraction: float) -> None:
+        self._fraction = float(fraction)
+        allowed = self._allowed()
+        if self._alloc is not None:
+            with self._acct.lock:
+                self._alloc.set_memory_fraction(self._fraction, total=self._spec.capacity) \
+                    if _takes_total(self._alloc.set_memory_fraction) else self._alloc.set_memory_fraction(self._fraction)
+        else:
+            self._acct.budget = self.budget if allowed is None else min(self.budget, allowed)
+
+    def _allowed(self) -> Optional[int]:
+        """The bytes a memory fraction allows (``round(fraction * capacity)``), or ``None`` (none set)."""
+        return round(self._fraction * self._spec.capacity) if self._fraction < 1.0 else None
+
+    def record_memory_history(self, enabled: Union[None, bool, str] = "all", context: Optional[str] = "all",
+                              stacks: str = "all", max_entries: int = sys.maxsize) -> None:
+        """``torch.cuda.memory._record_memory_history``: record the allocator's trace (alloc, free,
+        segment events) for :meth:`memory_dump`. ``enabled``: ``"all"`` (or ``True``) records
+        the trace and stacks, ``"state"`` the stacks of live blocks only, ``None`` (or ``False``)
+        stops and clears; ``context``: ``"alloc"``, ``"state"``, ``"all"`` or ``None`` (where
+        stacks are kept, as torch: ``"all"`` also records the stack of each free); ``stacks``:
+        ``"python"`` or ``"all"`` (the Python frames of the code that allocated: there is no
+        C++ stack on a virtual card); ``max_entries``: the trace's ring buffer."""
+        if self._alloc is None:
+            raise ValueError("record_memory_history() needs VirtualGPU(..., allocator='caching')")
+        if enabled is True:
+            enabled = "all"
+        if enabled is False:
+            enabled = None
+        if enabled not in (None, "state", "all"):
+            raise ValueError(f"enabled must be None, 'state' or 'all'; got {enabled!r}")
+        if context not in (None, "state", "alloc", "all"):
+            raise ValueError(f"context must be None, 'state', 'alloc' or 'all'; got {context!r}")
+        if stacks not in ("python", "all"):
+            raise ValueError(f"stacks must be 'python' or 'all'; got {stacks!r}")
+        with self._acct.lock:
+            setter = getattr(self._alloc, "set_record_history", None)
+            if setter is not None:
+                setter(enabled == "all", max_entries=max_entries, clear=enabled is None)
+            else:
+                self._alloc.record_trace = enabled == "all"
+        self._acct.frames = _python_frames if enabled is not None and context is not None else None
 
     @property
     def num_ooms(self) -> int:
@@ -405,7 +625,7 @@ class VirtualGPU:
             return
 
         def put(t: Any, cat: str) -> None:
-            if isinstance(t, torch.Tensor) and self._acct.counts(t):
+            if isinstance(t, torch.Tensor) and (self._acct.counts(t) or (not self.values and t.device.type == "cpu")):
                 st = storage_of(t)
                 if st is not None:
                     groups[cat].append(st)
@@ -448,11 +668,18 @@ class VirtualGPU:
             used = self._alloc.reserved + self._spec.context
             return torch.OutOfMemoryError(cuda_oom_message(
                 requested, self._spec.capacity, self._spec.capacity - used, used, self._alloc.allocated,
-                self._spec.name, reserved=self._alloc.reserved))
+                self._spec.name, reserved=self._alloc.reserved, allowed=self._allowed()))
         alloc = self._acct.allocated + pending
         used = alloc + self._spec.context
         return torch.OutOfMemoryError(cuda_oom_message(
-            requested, self._spec.capacity, self._spec.capacity - used, used, alloc, self._spec.name))
+            requested, self._spec.capacity, self._spec.capacity - used, used, alloc, self._spec.name,
+            allowed=self._allowed()))
+
+    def _no_values(self, func: Any, error: BaseException) -> BaseException:
+        name = str(func)
+        if "_local_scalar_dense" in name:
+            name = "reading a value (.item(), float(), bool(), a print)"
+        return ValuesNotComputedError(name, self.name)
 
     # ---------------------------------------------------------------- snapshot provider
 
@@ -493,6 +720,8 @@ class VirtualGPU:
             acct = self._acct
             acct.thread = threading.get_ident()
             self._stack = contextlib.ExitStack()
+            if self._fake_mode is not None:  # beneath the ledger: it sees each operator first
+                self._stack.enter_context(self._fake_mode)
             self._stack.enter_context(counted_storage_resize(acct))
             self._hooks.install()
             acct.__enter__()
