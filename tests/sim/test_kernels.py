@@ -250,3 +250,227 @@ def test_the_math_path_upcasts_half_precision_by_default():
     # from attention.cpp: fp32 copies of q*sf, k^T*sf and v (12 sbh) instead of the qkv output (6 sbh);
     # fp32 softmax and dropout outputs and the one-byte mask (9 a s^2 b)
     assert got / (40 * s * b * h + 9 * a * s * s * b) == pytest.approx(1, rel=0.005)
+
+
+# --------------------------------------------------------------------------- every path to the attention kernels
+# nn.MultiheadAttention and nn.TransformerEncoderLayer reach CUDA's attention kernels through
+# F.multi_head_attention_forward (training, or need_weights=True/masks), or through their fast
+# paths torch._native_multi_head_attention / torch._transformer_encoder_layer_fwd (eval, no grad);
+# Hugging Face's sdpa_attention_forward calls F.scaled_dot_product_attention with enable_gqa=True.
+# Each is measured against the same attention built from the layer's own weights with
+# F.scaled_dot_product_attention called directly.
+
+
+def _measure(gpu_name, fn, *, train, allocator="caching", fresh=()):
+    """Peak over the call (and its backward when training) above what was allocated before, the
+    activations it keeps for backward, and the attention kernel picked. The gradients of the
+    modules and tensors in ``fresh`` are dropped first, so that each run allocates its own."""
+    for t in fresh:
+        if isinstance(t, nn.Module):
+            t.zero_grad(set_to_none=True)
+        else:
+            t.grad = None
+    gpu = VirtualGPU(gpu_name, allocator=allocator)
+    with gpu:
+        with torch.enable_grad() if train else torch.no_grad():
+            base, saved0 = gpu.allocated, gpu.breakdown()["activations"]
+            gpu.reset_peak()
+            out = fn()
+            saved = gpu.breakdown()["activations"] - saved0
+            if train:
+                out.float().square().sum().backward()
+            peak = gpu.peak - base
+        del out
+    return peak, saved, gpu.kernels.last_backend
+
+
+def _mha_slow_path_direct(m, x):
+    """F.multi_head_attention_forward's own operators for batch-first self-attention without
+    weights or masks (torch/nn/functional.py), with scaled_dot_product_attention called here."""
+    b, s, e = x.shape
+    h, hd = m.num_heads, e // m.num_heads
+    xt = x.transpose(1, 0)
+    proj = F.linear(xt, m.in_proj_weight, m.in_proj_bias)
+    proj = proj.unflatten(-1, (3, e)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+    q, k, v = (t.view(s, b * h, hd).transpose(0, 1).view(b, h, s, hd) for t in (proj[0], proj[1], proj[2]))
+    del proj
+    y = F.scaled_dot_product_attention(q, k, v, None, m.dropout if m.training else 0.0, False)
+    del q, k, v
+    y = F.linear(y.permute(2, 0, 1, 3).reshape(b * s, e), m.out_proj.weight, m.out_proj.bias).view(s, b, e)
+    return y.transpose(1, 0)
+
+
+def _mha_fast_path_direct(m, x):
+    """native_multi_head_attention_cuda's fused branch (attention.cu): linear, chunk,
+    scaled_dot_product_attention, linear, with x and y alive to the end as there."""
+    b, s, e = x.shape
+    h, hd = m.num_heads, e // m.num_heads
+    qkv = F.linear(x, m.in_proj_weight, m.in_proj_bias)
+    q, k, v = (t.view(b, -1, h, hd).transpose(1, 2) for t in qkv.chunk(3, -1))
+    y = F.scaled_dot_product_attention(q, k, v)
+    return F.linear(y.transpose(1, 2).reshape(b, -1, e), m.out_proj.weight, m.out_proj.bias)
+
+
+def _mha(dtype, p=0.0, e=256, h=4):
+    torch.manual_seed(0)
+    return nn.MultiheadAttention(e, h, dropout=p, batch_first=True).to(dtype)
+
+
+@pytest.mark.parametrize("gpu,dtype", [("T4", fp32), ("T4", fp16), ("H100-80GB", bf16), ("A100-80GB", bf16)])
+@pytest.mark.parametrize("train", [True, False])
+def test_multihead_attention_runs_the_kernel_of_the_direct_call(gpu, dtype, train):
+    m = _mha(dtype, p=0.125 if train else 0.0)
+    m.train(train)
+    x = torch.randn(2, 512, 256, dtype=dtype, requires_grad=train)
+    torch.manual_seed(1)
+    layer = _measure(gpu, lambda: m(x, x, x, need_weights=False)[0], train=train, fresh=(m, x))
+    direct_fn = _mha_slow_path_direct if train else _mha_fast_path_direct
+    torch.manual_seed(1)
+    direct = _measure(gpu, lambda: direct_fn(m, x), train=train, fresh=(m, x))
+    assert layer[2] == direct[2] != "math" or dtype == bf16 and gpu == "T4"
+    assert layer == direct
+    with torch.no_grad():  # and the same values as the CPU's, dropout drawn alike
+        torch.manual_seed(2)
+        ref = m(x, x, x, need_weights=False)[0]
+        with VirtualGPU(gpu):
+            torch.manual_seed(2)
+            out = m(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_the_issues_t4_reproduction_need_weights_false():
+    """The issue: on a T4 the layer's attention was the CPU's (math with dropout: an s x s matrix
+    per head), some 10x the direct call's peak."""
+    m = _mha(fp32, p=0.1, e=256, h=8)
+    x = torch.randn(4, 1024, 256, requires_grad=True)
+    layer = _measure("T4", lambda: m(x, x, x, need_weights=False)[0], train=True, fresh=(m, x))
+    direct = _measure("T4", lambda: _mha_slow_path_direct(m, x), train=True, fresh=(m, x))
+    assert layer == direct and layer[2] == "efficient"
+    assert layer[0] < 4 * 8 * 1024 * 1024 * 4  # less than one fp32 (b, h, s, s) score matrix
+
+
+@pytest.mark.parametrize("gpu", ["T4", "H100-80GB"])
+def test_the_fast_path_is_taken_where_cuda_takes_it(gpu, monkeypatch):
+    from vramlab.sim.kernels import CudaKernels
+
+    seen = []
+    native = CudaKernels._native_mha
+    monkeypatch.setattr(CudaKernels, "_native_mha", lambda self, a, k: seen.append(1) or native(self, a, k))
+    m = _mha(fp16).eval()
+    x = torch.randn(2, 128, 256, dtype=fp16)
+    with VirtualGPU(gpu):
+        with torch.no_grad():
+            m(x, x, x, need_weights=False)
+        assert seen == [1]
+        m(x, x, x, need_weights=False)  # grad enabled and weights that need it: the slow path, as on CUDA
+        m.train()
+        with torch.no_grad():
+            m(x, x, x, need_weights=False)  # training: the slow path
+    assert seen == [1]
+    assert torch.overrides.has_torch_function((x,)) is False  # put back on exit
+
+
+def test_native_mha_without_a_fused_kernel_takes_the_older_kernels():
+    """bf16 on a T4 has no fused kernel: native_multi_head_attention_cuda falls back to its own
+    gemms and a (b, h, t, t) score matrix in bf16 (not the math path's fp32 upcast)."""
+    m = _mha(bf16).eval()
+    b, s, h = 2, 512, 4
+    x = torch.randn(b, s, 256, dtype=bf16)
+    peak, _, _ = _measure("T4", lambda: m(x, x, x, need_weights=False)[0], train=False, allocator="exact")
+    math_peak, _, backend = _measure("T4", lambda: _mha_fast_path_direct(m, x), train=False, allocator="exact")
+    assert backend == "math"
+    scores = b * h * s * s * 2
+    assert scores < peak < math_peak  # the score matrix in bf16; the math path keeps fp32 copies
+    with torch.no_grad():
+        ref = m(x, x, x, need_weights=False)[0]
+        with VirtualGPU("T4"):
+            got = m(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(got, ref)
+
+
+def _encoder_layer(dtype, norm_first=False):
+    torch.manual_seed(0)
+    return nn.TransformerEncoderLayer(256, 4, dim_feedforward=512, dropout=0.125, batch_first=True,
+                                      norm_first=norm_first).to(dtype)
+
+
+def _encoder_layer_slow_direct(layer, x):
+    """TransformerEncoderLayer.forward's slow path (norm_first=False) with the attention direct."""
+    x = layer.norm1(x + layer.dropout1(_mha_slow_path_direct(layer.self_attn, x)))
+    ff = layer.linear2(layer.dropout(layer.activation(layer.linear1(x))))
+    return layer.norm2(x + layer.dropout2(ff))
+
+
+def _encoder_layer_fast_direct(layer, src):
+    """transformer_encoder_layer_forward (transformer.cpp) with the attention direct."""
+    d, eps = layer.self_attn.embed_dim, layer.norm1.eps
+    x = F.layer_norm(src, (d,), layer.norm1.weight, layer.norm1.bias, eps) if layer.norm_first else src
+    x = _mha_fast_path_direct(layer.self_attn, x)
+    x.add_(src)
+    if not layer.norm_first:
+        x = F.layer_norm(x, (d,), layer.norm1.weight, layer.norm1.bias, eps)
+    pre = x
+    if layer.norm_first:
+        x = F.layer_norm(x, (d,), layer.norm2.weight, layer.norm2.bias, eps)
+    b, t = x.shape[:2]
+    hid = torch._addmm_activation(layer.linear1.bias, x.reshape(b * t, d), layer.linear1.weight.t())
+    x = torch.addmm(layer.linear2.bias, hid, layer.linear2.weight.t()).view(b, t, -1)
+    del hid
+    x.add_(pre)
+    del pre
+    if not layer.norm_first:
+        x = F.layer_norm(x, (d,), layer.norm2.weight, layer.norm2.bias, eps)
+    return x
+
+
+@pytest.mark.parametrize("gpu,dtype", [("T4", fp32), ("H100-80GB", bf16)])
+@pytest.mark.parametrize("train", [True, False])
+def test_transformer_encoder_layer_runs_the_kernel_of_the_direct_call(gpu, dtype, train):
+    layer = _encoder_layer(dtype)
+    layer.train(train)
+    x = torch.randn(2, 512, 256, dtype=dtype, requires_grad=train)
+    direct_fn = _encoder_layer_slow_direct if train else _encoder_layer_fast_direct
+    torch.manual_seed(1)
+    got = _measure(gpu, lambda: layer(x), train=train, fresh=(layer, x))
+    torch.manual_seed(1)
+    want = _measure(gpu, lambda: direct_fn(layer, x), train=train, fresh=(layer, x))
+    assert got == want and got[2] != "math"
+    if not train:
+        with torch.no_grad():
+            ref = layer(x)  # the CPU's fast path
+            with VirtualGPU(gpu):
+                out = layer(x)
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_transformer_encoder_layer_norm_first_fast_path():
+    layer = _encoder_layer(fp16, norm_first=True).eval()
+    x = torch.randn(2, 256, 256, dtype=fp16)
+    assert _measure("T4", lambda: layer(x), train=False) == \
+        _measure("T4", lambda: _encoder_layer_fast_direct(layer, x), train=False)
+
+
+@pytest.mark.parametrize("gpu,dtype", [("T4", fp16), ("H100-80GB", bf16)])
+@pytest.mark.parametrize("train", [True, False])
+def test_hugging_face_sdpa_attention_runs_the_kernel_of_the_direct_call(gpu, dtype, train):
+    """transformers' sdpa_attention_forward passes enable_gqa=True whenever there is no mask (and
+    the module has num_key_value_groups); with as many key/value heads as query heads that is a
+    plain call on CUDA."""
+    sdpa = pytest.importorskip("transformers.integrations.sdpa_attention",
+                               reason="transformers is not installed").sdpa_attention_forward
+    module = nn.Module()
+    module.num_key_value_groups, module.is_causal = 1, True
+    q, k, v = (t.requires_grad_(train) for t in _qkv(dtype, b=2, h=8, s=512, d=64))
+    got = _measure(gpu, lambda: sdpa(module, q, k, v, None, dropout=0.0)[0], train=train, fresh=(q, k, v))
+    want = _measure(gpu, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous(),
+                    train=train, fresh=(q, k, v))
+    assert got == want and got[2] in ("efficient", "cudnn")
+
+
+def test_grouped_query_attention_still_runs_as_on_the_cpu():
+    q = torch.randn(1, 8, 64, 64, dtype=bf16)
+    k = v = torch.randn(1, 2, 64, 64, dtype=bf16)
+    with VirtualGPU("A100-80GB") as gpu:
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert gpu.kernels.last_backend is None
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, enable_gqa=True))

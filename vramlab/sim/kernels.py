@@ -25,6 +25,28 @@ pytorch's main branch of the same months; ``docs/virtual-gpu.md`` has the list):
   ``_scaled_dot_product_attention_math`` writes it (attention.cpp: half-precision inputs
   upcast to float32 unless ``allow_fp16_bf16_reduction_math_sdp``, q and k each scaled by the
   square root of the scale, ``_safe_softmax``, CUDA's dropout).
+- **Every path to the attention kernels** is seen. A ``TorchFunctionMode`` is popped while its
+  ``__torch_function__`` runs, so a Python function of ``torch.nn.functional`` that dispatched
+  itself to the mode (``multi_head_attention_forward``: the path of ``nn.MultiheadAttention`` in
+  training or with ``need_weights``, and of ``nn.TransformerEncoderLayer``/``DecoderLayer``) hid
+  its inner ``scaled_dot_product_attention``, ``dropout`` and ``linear``: it now runs with the mode
+  pushed again (its own ``has_torch_function`` checks off, else it would loop). The fast paths:
+  with the mode on, ``has_torch_function`` is true for every tensor, so the checks in
+  ``nn.MultiheadAttention.forward`` and ``nn.TransformerEncoderLayer.forward`` would refuse them
+  where CUDA takes them (eval, no gradient needed, batch-first self-attention...);
+  ``torch.overrides.has_torch_function`` answers ``False`` to those two checks alone while the
+  mode is on and no tensor subclass is involved. ``torch._native_multi_head_attention`` then runs
+  ``native_multi_head_attention_cuda`` (attention.cu): self-attention, a head dim multiple of 8, no
+  weights and no mask, where flash, efficient or cuDNN would be picked: ``linear``, ``chunk``,
+  ``scaled_dot_product_attention`` (rerouted as above), ``linear``; otherwise its older kernels
+  (one gemm, ``_transform_bias_rescale_qkv``'s (3, b, h, t, d), a (b, h, t, t) score matrix in the
+  input's dtype, ``masked_softmax``, ``transform0213_gemm_nt_bias``), counted as empty tensors
+  with the CPU's values copied in. ``torch._transformer_encoder_layer_fwd`` runs
+  ``transformer_encoder_layer_forward`` (transformer.cpp) operator by operator: in-place residuals,
+  ``_addmm_activation`` then ``addmm``. Hugging Face's ``sdpa_attention_forward``
+  (transformers/integrations/sdpa_attention.py) calls ``F.scaled_dot_product_attention`` itself,
+  with ``enable_gqa=True`` whenever there is no mask; with as many key/value heads as query heads
+  that is a plain call on CUDA (``check_batch_size_and_num_heads_dense``) and is rerouted.
 - **Optimizers** take torch's CUDA default, the ``foreach`` (multi-tensor) path, where the user
   left ``foreach`` unset (``_default_to_fused_or_foreach``, torch/optim/optimizer.py); the
   lists it builds (``exp_avg_sq_sqrt``...) are counted. ``fused=True`` is honoured as asked.
@@ -37,7 +59,10 @@ Not modelled, and said so in the docs: the cuBLAS workspace of the autograd engi
 thread (torch keeps one per handle and stream; a backward on CUDA likely adds a second),
 cuDNN's and the memory-efficient backward's workspaces (their sizes depend on kernel
 constants not resolved here), flash attention's split-KV buffers in inference, deterministic
-mode's buffers, nested tensors and GQA (those calls run as on the CPU).
+mode's buffers, nested tensors (``TransformerEncoder``'s nested fast path with a padding mask
+included) and grouped-query attention with fewer key/value heads than query heads (those calls
+run as on the CPU), and the exact temporaries of ``masked_softmax`` on the older native
+multi-head-attention kernels.
 
 Sizes in bytes. This module imports torch; it never imports IPython.
 """
@@ -46,6 +71,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from types import FunctionType
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -66,6 +93,8 @@ SDPA_BACKENDS: tuple[str, ...] = ("cudnn", "flash", "efficient", "math")
 
 _HALF = (torch.float16, torch.bfloat16)
 _SDPA = F.scaled_dot_product_attention
+_NATIVE_MHA = torch._native_multi_head_attention
+_ENCODER_LAYER = torch._transformer_encoder_layer_fwd
 _DROPOUTS = (F.dropout, torch.dropout)
 _MATMUL_NAMES = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "linear", "einsum",
                            "__matmul__", "__rmatmul__", "tensordot", "chain_matmul", "inner", "outer", "dot"})
@@ -174,6 +203,65 @@ def sdpa_backend(cc: tuple[int, int], call: AttentionCall) -> str:
     raise RuntimeError("No available kernel. Aborting execution.")  # torch's own words
 
 
+def _no_torch_function(*args: Any) -> bool:
+    return False
+
+
+_TRANSPARENT: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _transparent(func: FunctionType) -> Callable[..., Any]:
+    """``func`` without its own ``has_torch_function`` checks: the same code and defaults, its
+    module's globals with the three checks answering ``False``. Run with the mode pushed again,
+    its body calls the operators through the mode instead of dispatching itself to it once more
+    (which would loop)."""
+    clone = _TRANSPARENT.get(func)
+    if clone is None:
+        glob = dict(func.__globals__)
+        glob.update(has_torch_function=_no_torch_function, has_torch_function_unary=_no_torch_function,
+                    has_torch_function_variadic=_no_torch_function)
+        clone = FunctionType(func.__code__, glob, func.__name__, func.__defaults__, func.__closure__)
+        clone.__kwdefaults__ = func.__kwdefaults__
+        _TRANSPARENT[func] = clone
+    return clone
+
+
+_ORIGINAL_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
+
+
+def _fast_path_codes() -> frozenset:
+    from torch.nn.modules.activation import MultiheadAttention
+    from torch.nn.modules.transformer import TransformerEncoderLayer
+
+    return frozenset({MultiheadAttention.forward.__code__, TransformerEncoderLayer.forward.__code__})
+
+
+_FAST_PATH_CODES = _fast_path_codes()
+
+
+def _fast_path_has_torch_function(relevant_args: Any) -> bool:
+    """``torch.overrides.has_torch_function`` while :class:`CudaKernels` is on: ``False`` for the
+    fast-path checks of ``nn.MultiheadAttention.forward`` and ``nn.TransformerEncoderLayer.forward``
+    when only this mode (no tensor subclass, no other mode above it) made it ``True``, so that they
+    take the path a CUDA card takes (``_native_multi_head_attention``,
+    ``_transformer_encoder_layer_fwd``), which the mode then reroutes. Anything else: torch's answer."""
+    found = _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
+    if found and sys._getframe(1).f_code in _FAST_PATH_CODES and \
+            isinstance(torch.overrides._get_current_function_mode(), CudaKernels) and \
+            not any(_own_torch_function(t) for t in relevant_args):
+        return False
+    return found
+
+
+def _own_torch_function(t: Any) -> bool:
+    """Whether ``t`` is a tensor subclass with a ``__torch_function__`` of its own."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    tf = type(t).__torch_function__
+    return getattr(tf, "__func__", tf) not in (torch.Tensor.__torch_function__.__func__,  # type: ignore[attr-defined]
+                                              torch._C._disabled_torch_function_impl)
+
+
 class CudaKernels(TorchFunctionMode):
     """Reroute the operators whose CUDA kernels keep other tensors than the CPU's (module docs),
     for a card of compute capability ``cc``, counted in ``ledger``. Enter it inside the ledger
@@ -188,6 +276,7 @@ class CudaKernels(TorchFunctionMode):
         self.last_backend: Optional[str] = None  # the attention kernel of the last call (for tests and lessons)
         self._handles: list[Any] = []
         self._foreach_set: list[dict[str, Any]] = []
+        self._patched = False
 
     # ------------------------------------------------------------------ entering
 
@@ -196,11 +285,17 @@ class CudaKernels(TorchFunctionMode):
 
         self._handles = [register_optimizer_step_pre_hook(self._opt_pre),
                          register_optimizer_step_post_hook(self._opt_post)]
+        self._patched = torch.overrides.has_torch_function is _ORIGINAL_HAS_TORCH_FUNCTION
+        if self._patched:
+            torch.overrides.has_torch_function = _fast_path_has_torch_function  # type: ignore[assignment]
         super().__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        if self._patched:
+            torch.overrides.has_torch_function = _ORIGINAL_HAS_TORCH_FUNCTION
+            self._patched = False
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -226,8 +321,21 @@ class CudaKernels(TorchFunctionMode):
             return self._sdpa(args, kwargs)
         if func in _DROPOUTS:
             return self._dropout(func, args, kwargs)
+        if func is _NATIVE_MHA:
+            return self._native_mha(args, kwargs)
+        if func is _ENCODER_LAYER:
+            return self._encoder_layer(args, kwargs)
         if self.workspace is None and getattr(func, "__name__", "") in _MATMUL_NAMES:
             self._cublas_workspace()
+        if isinstance(func, FunctionType) and func.__module__ == "torch.nn.functional":
+            # A Python function of torch.nn.functional that dispatched to this mode through its own
+            # handle_torch_function: run its body with the mode on, so that the operators it calls
+            # (multi_head_attention_forward's scaled_dot_product_attention, dropout, linear) are seen.
+            torch.overrides._push_mode(self)
+            try:
+                return _transparent(func)(*args, **kwargs)
+            finally:
+                torch.overrides._pop_mode()
         return func(*args, **kwargs)
 
     def _cublas_workspace(self) -> None:
@@ -250,8 +358,11 @@ class CudaKernels(TorchFunctionMode):
         a = dict(zip(names, args))
         a.update(kwargs)
         q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
-        if (a.get("enable_gqa") or not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 4
-                or k.dim() != 4 or v.dim() != 4 or q.is_nested or q.shape[1] != k.shape[1]
+        # enable_gqa with as many key/value heads as query heads is a plain call on CUDA (every kernel's
+        # check_batch_size_and_num_heads_dense passes equal heads; the math path repeats nothing):
+        # Hugging Face's sdpa_attention_forward passes it whenever there is no mask.
+        if (not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 4
+                or k.dim() != 4 or v.dim() != 4 or q.is_nested or q.shape[1] != k.shape[1] or q.shape[1] != v.shape[1]
                 or (mask is not None and not isinstance(mask, torch.Tensor))):
             return _SDPA(*args, **kwargs)
         p, causal, scale = float(a.get("dropout_p", 0.0)), bool(a.get("is_causal", False)), a.get("scale")
@@ -268,6 +379,114 @@ class CudaKernels(TorchFunctionMode):
         if mask is not None and mask.dtype == torch.bool:  # convert_boolean_attn_mask: a new tensor in q's dtype
             mask = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
         return _FusedAttention.apply(q, k, v, mask, p, causal, scale, backend, call, self.ledger)
+
+    # ------------------------------------------------------------------ the fast paths of nn's attention
+
+    def _native_mha(self, args: tuple, kwargs: dict) -> Any:
+        """``native_multi_head_attention_cuda`` (aten/src/ATen/native/transformers/cuda/attention.cu):
+        self-attention with a head dim that is a multiple of 8, no weights asked for and no mask,
+        where the CUDA dispatcher picks flash, memory-efficient or cuDNN attention, runs
+        ``linear`` -> ``chunk`` -> ``scaled_dot_product_attention`` -> ``linear``; anything else takes
+        the older kernels (``qkv_projection``, ``_transform_bias_rescale_qkv``, a (b, h, t, t) score
+        matrix, ``masked_softmax``, ``bmm_nn`` into q's storage, ``transform0213_gemm_nt_bias``)."""
+        names = ("query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias", "proj_weight",
+                 "proj_bias", "mask", "need_weights", "average_attn_weights", "mask_type")
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        query, key, value = a["query"], a["key"], a["value"]
+        if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.dim() == 3 for t in (query, key, value)):
+            return _NATIVE_MHA(*args, **kwargs)  # nested tensors: as on the CPU (module docs)
+        if self.workspace is None:
+            self._cublas_workspace()
+        d, nh = int(a["embed_dim"]), int(a["num_head"])
+        dh = d // nh
+        w, bias, pw, pb = a["qkv_weight"], a["qkv_bias"], a["proj_weight"], a["proj_bias"]
+        mask, need_weights = a.get("mask"), bool(a.get("need_weights", True))
+        b, t = query.shape[0], query.shape[1]
+        if query is key and key is value and dh % 8 == 0 and not need_weights and mask is None:
+            grad = torch.is_grad_enabled() and query.requires_grad
+            call = AttentionCall(b, nh, t, t, dh, dh, query.dtype, requires_grad=grad)
+            try:
+                backend = sdpa_backend(self.cc, call)
+            except RuntimeError:
+                backend = "error"
+            if backend in ("flash", "efficient", "cudnn"):
+                x = F.linear(query, w, bias)
+                q, k, v = (c.view(b, -1, nh, dh).transpose(1, 2) for c in x.chunk(3, -1))
+                y = self._sdpa((q, k, v), {})
+                past = y.transpose(1, 2).reshape(b, -1, d)
+                return F.linear(past, pw, pb), None
+        with self.ledger.paused():  # the values; the books get the CUDA kernels' tensors below
+            out_val, weights_val = _NATIVE_MHA(*args, **kwargs)
+        sk = key.shape[1]
+        if query is key and key is value:  # qkv_projection: one gemm, else projections and a cat
+            qkv = torch.empty((b, t, 3 * d), dtype=query.dtype)
+        else:
+            parts = [torch.empty((b, t, d), dtype=query.dtype), torch.empty((b, sk, 2 * d), dtype=query.dtype)]
+            qkv = torch.empty((b, t, 3 * d), dtype=query.dtype)
+            del parts
+        q_k_v = torch.empty((3, b, nh, t, dh), dtype=query.dtype)  # _transform_bias_rescale_qkv
+        del qkv
+        qkt = torch.empty((b, nh, t, sk), dtype=query.dtype)  # bmm_nt
+        if mask is not None:  # masked_softmax: the mask as bool, and a new output
+            bool_mask = mask if mask.dtype == torch.bool else torch.empty(mask.shape, dtype=torch.bool)
+            qkt = torch.empty_like(qkt)
+            del bool_mask
+        # bmm_nn writes the context into q's storage
+        if not need_weights:
+            del qkt
+        a_0213 = torch.empty((b, t, nh, dh), dtype=query.dtype)  # transform0213_gemm_nt_bias
+        proj = torch.empty((b * t, d), dtype=query.dtype)
+        del a_0213, q_k_v
+        proj = proj.view(b, t, d)
+        proj.copy_(out_val)
+        weights = None
+        if need_weights:
+            weights = torch.empty(weights_val.shape, dtype=weights_val.dtype) if bool(
+                a.get("average_attn_weights", True)) else qkt
+            weights.copy_(weights_val)
+        del out_val, weights_val
+        return proj, weights
+
+    def _encoder_layer(self, args: tuple, kwargs: dict) -> Any:
+        """``transformer_encoder_layer_forward`` (aten/src/ATen/native/transformers/transformer.cpp),
+        operator by operator: the same on every device but for ``native_multi_head_attention``
+        (:meth:`_native_mha`); the residuals are added in place and the feed-forward block is
+        ``_addmm_activation`` (the activation fused) then ``addmm``."""
+        names = ("src", "embed_dim", "num_heads", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias", "use_gelu",
+                 "norm_first", "layer_norm_eps", "norm_weight_1", "norm_bias_1", "norm_weight_2", "norm_bias_2",
+                 "ffn_weight_1", "ffn_bias_1", "ffn_weight_2", "ffn_bias_2", "mask", "mask_type")
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        src = a["src"]
+        if not isinstance(src, torch.Tensor) or src.is_nested or src.numel() == 0 or src.dim() != 3:
+            return _ENCODER_LAYER(*args, **kwargs)
+        if self.workspace is None:
+            self._cublas_workspace()
+        d, eps, norm_first = int(a["embed_dim"]), float(a["layer_norm_eps"]), bool(a["norm_first"])
+
+        def norm(x: torch.Tensor, i: int) -> torch.Tensor:
+            return F.layer_norm(x, (d,), a[f"norm_weight_{i}"], a[f"norm_bias_{i}"], eps)
+
+        x = norm(src, 1) if norm_first else src
+        x = self._native_mha((x, x, x, d, a["num_heads"], a["qkv_weight"], a["qkv_bias"], a["proj_weight"],
+                              a["proj_bias"], a.get("mask"), False, True, a.get("mask_type")), {})[0]
+        x.add_(src)
+        if not norm_first:
+            x = norm(x, 1)
+        pre_ffn = x
+        if norm_first:
+            x = norm(x, 2)
+        b, t = x.shape[0], x.shape[1]
+        h = torch._addmm_activation(a["ffn_bias_1"], x.reshape(b * t, d), a["ffn_weight_1"].t(),
+                                    use_gelu=bool(a["use_gelu"]))
+        x = torch.addmm(a["ffn_bias_2"], h, a["ffn_weight_2"].t()).view(b, t, -1)
+        del h
+        x.add_(pre_ffn)
+        del pre_ffn
+        if not norm_first:
+            x = norm(x, 2)
+        return x
 
 
 def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], p: float,

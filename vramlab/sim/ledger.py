@@ -162,6 +162,25 @@ def _refuse_exabyte(nbytes: int) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
 
 
+def _returned(func: Any, outs: Any, single: bool) -> Iterator[tuple[torch.Tensor, bool]]:
+    """Each tensor an operator returned, with whether its schema makes it an alias of an input.
+    ``outs``: the one tensor in a tuple (``single``), else what the operator returned: one
+    ``Tensor[]`` return (``split``, ``unbind``, foreach ops), whose elements all share its alias
+    annotation, or several returns, each a tensor or a list of them. ``lift_fresh`` is new."""
+    flags = _alias_flags(func)
+    fresh = func in _FRESH_OPS
+    if single:
+        items: Iterator[tuple[Any, bool]] = iter(((outs[0], bool(flags and flags[0])),))
+    elif len(flags) == 1:
+        items = ((o, flags[0]) for o in outs)
+    else:
+        items = ((o, flags[i] if i < len(flags) else False) for i, o in enumerate(outs))
+    for o, alias in items:
+        for t in (o if isinstance(o, (list, tuple)) else (o,)):
+            if isinstance(t, torch.Tensor):
+                yield t, alias and not fresh
+
+
 def _pop_reserved(reserved: list, nbytes: int) -> Any:
     """The first block taken for a storage of ``nbytes`` bytes, out of ``reserved``; else ``None``."""
     for i, (n, block) in enumerate(reserved):
@@ -659,21 +678,16 @@ class Ledger(TorchDispatchMode):
                 _UNSIZED.add(func)
                 self.checked_after.add(str(func))
             return None
-        flags = _alias_flags(func)
-        fresh = func in _FRESH_OPS
         sizes: list[int] = []
         seen: set[int] = set()
         single = isinstance(mout, torch.Tensor)
-        for i, o in enumerate((mout,) if single else (mout if isinstance(mout, (tuple, list)) else ())):
-            alias = (flags[0] if single and flags else (flags[i] if i < len(flags) else False)) and not fresh
-            if alias:
-                continue
-            for t in (o if isinstance(o, (tuple, list)) else (o,)):
-                if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                    mst = t.untyped_storage()
-                    if id(mst) not in seen:
-                        seen.add(id(mst))
-                        sizes.append(mst.nbytes())
+        outs_ = (mout,) if single else (mout if isinstance(mout, (tuple, list)) else ())
+        for t, alias in _returned(func, outs_, single):
+            if not alias and t.device.type == "meta":
+                mst = t.untyped_storage()
+                if id(mst) not in seen:
+                    seen.add(id(mst))
+                    sizes.append(mst.nbytes())
         growth: list[tuple[torch.UntypedStorage, int]] = []
         for k in outs:
             real, meta = kwargs.get(k), mkw.get(k)
@@ -687,17 +701,9 @@ class Ledger(TorchDispatchMode):
         return sizes, growth
 
     def _account(self, func: Any, outs: Any, single: bool, reserved: Optional[list] = None) -> None:
-        flags = _alias_flags(func)
-        fresh = func in _FRESH_OPS
         new: list[torch.UntypedStorage] = []
-        for i, o in enumerate(outs):
-            alias = flags[0] if single and flags else (flags[i] if i < len(flags) else False)
-            if isinstance(o, torch.Tensor):
-                self._one(o, alias and not fresh, new)
-            elif isinstance(o, (list, tuple)):  # Tensor[] returns (split, foreach ops)
-                for t in o:
-                    if isinstance(t, torch.Tensor):
-                        self._one(t, alias and not fresh, new)
+        for t, alias in _returned(func, outs, single):
+            self._one(t, alias, new)
         if new:
             self.admit(new, "optimizer_state" if self.in_optimizer else (self.allocating_as or "other"), reserved)
 
