@@ -255,10 +255,10 @@ def test_values_must_be_a_bool():
 
 def test_what_the_card_holds_but_the_host_cannot_pay_is_refused_before_it_is_allocated():
     gpu = VirtualGPU("A100-80GB")
-    gpu.ledger.host_guard.read = lambda: (1 * GiB, 16 * GiB)  # a host with 1 GiB available
+    gpu.ledger.host_guard.read = lambda: (3 * GiB, 16 * GiB)  # 3 GiB available, 1 GiB of it kept free
     with gpu:
         with pytest.raises(HostMemoryError) as ei:
-            torch.empty(2 * GiB, dtype=torch.uint8)
+            torch.empty(3 * GiB, dtype=torch.uint8)
         assert gpu.num_ooms == 0, "the card had room: not a device OOM"
         assert gpu.allocated == 0, "the card's block went back (to its cache, as any freed block)"
         assert ei.value.margin == host_margin(16 * GiB)

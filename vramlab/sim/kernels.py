@@ -93,6 +93,7 @@ SDPA_BACKENDS: tuple[str, ...] = ("cudnn", "flash", "efficient", "math")
 
 _HALF = (torch.float16, torch.bfloat16)
 _SDPA = F.scaled_dot_product_attention
+_MHA_FORWARD: Any = F.multi_head_attention_forward
 _NATIVE_MHA = torch._native_multi_head_attention
 _ENCODER_LAYER = torch._transformer_encoder_layer_fwd
 _DROPOUTS = (F.dropout, torch.dropout)
@@ -210,7 +211,7 @@ def _no_torch_function(*args: Any) -> bool:
 _TRANSPARENT: dict[Callable[..., Any], Callable[..., Any]] = {}
 
 
-def _transparent(func: FunctionType) -> Callable[..., Any]:
+def _transparent(func: Any) -> Callable[..., Any]:
     """``func`` without its own ``has_torch_function`` checks: the same code and defaults, its
     module's globals with the three checks answering ``False``. Run with the mode pushed again,
     its body calls the operators through the mode instead of dispatching itself to it once more
@@ -327,13 +328,15 @@ class CudaKernels(TorchFunctionMode):
             return self._encoder_layer(args, kwargs)
         if self.workspace is None and getattr(func, "__name__", "") in _MATMUL_NAMES:
             self._cublas_workspace()
-        if isinstance(func, FunctionType) and func.__module__ == "torch.nn.functional":
-            # A Python function of torch.nn.functional that dispatched to this mode through its own
-            # handle_torch_function: run its body with the mode on, so that the operators it calls
-            # (multi_head_attention_forward's scaled_dot_product_attention, dropout, linear) are seen.
+        if func is _MHA_FORWARD:
+            # The Python function of torch.nn.functional that reaches CUDA's attention kernels
+            # dispatched to this mode through its own handle_torch_function: run its body with the
+            # mode on, so that the operators it calls (scaled_dot_product_attention, dropout,
+            # linear) are seen. Only this one: a generic re-entry loops through boolean_dispatch
+            # wrappers (max_pool2d) and would change nothing else that is modelled.
             torch.overrides._push_mode(self)
             try:
-                return _transparent(func)(*args, **kwargs)
+                return _transparent(_MHA_FORWARD)(*args, **kwargs)
             finally:
                 torch.overrides._pop_mode()
         return func(*args, **kwargs)

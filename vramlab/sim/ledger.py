@@ -364,8 +364,9 @@ class Ledger(TorchDispatchMode):
 
     def _release(self, block: Any) -> None:
         if block is not None:
+            frames = self.frames() if self.frames is not None else None
             with self.lock:
-                self.allocator.free(block)
+                self.allocator.free(block) if frames is None else self.allocator.free(block, frames=frames)
 
     def _free(self, key: int) -> None:
         rec = self.table.pop(key, None)
@@ -373,9 +374,9 @@ class Ledger(TorchDispatchMode):
             with self.lock:
                 self.allocated -= rec.counted
                 self.cats[rec.cat] -= rec.counted
-                if rec.block is not None:
-                    self.allocator.free(rec.block)
-                    rec.block = None
+            if rec.block is not None:
+                block, rec.block = rec.block, None
+                self._release(block)
 
     def _add(self, st: torch.UntypedStorage, raw: int, counted: int, cat: str, block: Any = None) -> None:
         key = id(st)

@@ -68,12 +68,7 @@ def allocator_conf(allocator: str, alloc_conf: Optional[str]) -> Optional[AllocC
         if alloc_conf is not None:
             raise ValueError("alloc_conf applies to allocator='caching'")
         return None
-    if alloc_conf is None:
-        from_environ = getattr(AllocConf, "from_environ", None)
-        if from_environ is not None:
-            return from_environ(os.environ)
-        return AllocConf.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
-    return AllocConf.parse(alloc_conf)
+    return AllocConf.from_environ(os.environ) if alloc_conf is None else AllocConf.parse(alloc_conf)
 
 
 #: torch refuses any single request of 1 EiB or more before its allocator sees it
@@ -100,7 +95,7 @@ class HostMemoryError(MemoryError):
     def __init__(self, requested: int, available: int, margin: int, device: str) -> None:
         self.requested, self.available, self.margin, self.device = requested, available, margin, device
         super().__init__(
-            f"vramlab's virtual GPU {device!r} has room for {format_bytes(requested)} more, but it computes "
+            f"vramlab's virtual GPU {device!r} has room for this allocation of {format_bytes(requested)}, but it computes "
             f"tensor values in this machine's RAM, which has {format_bytes(available)} available "
             f"({format_bytes(margin)} is kept free): nothing was allocated. To ask about a card larger than "
             f"this machine, use VirtualGPU(..., values=False): shapes and memory only, no values "
@@ -201,28 +196,23 @@ def cuda_oom_message(requested: int, total: int, free: int, process_used: int, a
 
 
 
-def _takes_total(fn: Any) -> bool:
-    import inspect
-
-    try:
-        return "total" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-_SKIP_FRAMES = (os.sep + os.path.join("vramlab", "sim", ""), os.sep + os.path.join("torch", "utils", "_python_dispatch.py"),
-                os.sep + os.path.join("torch", "_subclasses", ""))
+#: the machinery between a user's call and the books: vramlab's simulator, torch's dispatch-mode,
+#: operator, override, fake-tensor and dynamo-guard layers (none of it is on CUDA's stack)
+_MACHINERY = tuple(os.sep + os.path.join(*parts) for parts in (
+    ("vramlab", "sim", ""), ("torch", "utils", "_python_dispatch.py"), ("torch", "_ops.py"),
+    ("torch", "overrides.py"), ("torch", "_subclasses", ""), ("torch", "_dynamo", ""),
+    ("torch", "utils", "_contextlib.py"), ("torch", "_compile.py")))
 
 
 def _python_frames() -> list[dict[str, Any]]:
     """The Python stack of the code allocating now, innermost first, in torch's snapshot format
-    (``{"filename", "line", "name"}``), without vramlab's own frames and the dispatch machinery."""
-    frames = []
-    for fr in reversed(traceback.extract_stack()):
-        if any(part in fr.filename for part in _SKIP_FRAMES):
-            continue
-        frames.append({"filename": fr.filename, "line": fr.lineno or 0, "name": fr.name})
-    return frames
+    (``{"filename", "line", "name"}``): as on CUDA, where the innermost Python frame is the code
+    that called the operator, the innermost frames of the simulator's machinery are left out."""
+    stack = traceback.extract_stack()
+    end = len(stack)
+    while end > 0 and any(part in stack[end - 1].filename for part in _MACHINERY):
+        end -= 1
+    return [{"filename": fr.filename, "line": fr.lineno or 0, "name": fr.name} for fr in reversed(stack[:end])]
 
 
 # ---------------------------------------------------------------------- VirtualGPU
@@ -237,27 +227,34 @@ class _Spec:
 
 
 def _resolve_capacity(capacity: Union[int, str], name: Optional[str], context: Optional[int]) -> _Spec:
+    """The device's capacity, name and context from ``VirtualGPU``'s arguments, or one ``ValueError``.
+
+    A capacity is positive, finite and at most ``2**63 - 1`` bytes (:func:`~vramlab.units.parse_size`):
+    ``"-1GiB"``, ``"nan"`` or ``"1e400GiB"`` get that error, not "unknown GPU preset"."""
+    from ..units import looks_like_size
+
+    if isinstance(capacity, float):  # nan, inf: "not finite"; 1.5: bytes are an int
+        parse_size(capacity, what="capacity", positive=True)
     if isinstance(capacity, bool) or not isinstance(capacity, (int, str)):
         raise ValueError(f"capacity must be bytes (int), a size such as '16GiB', or a GPU preset name; "
                          f"got {capacity!r}")
     preset = None
     if isinstance(capacity, str):
         try:
-            total = parse_size(capacity)
-        except ValueError:
+            total = parse_size(capacity, what="capacity", positive=True)
+        except ValueError as size_error:
             try:
                 p = get_preset(capacity)
             except ValueError as e:
+                if looks_like_size(capacity):  # "-1GiB", "nan", "16GiBs": the size's error
+                    raise ValueError(f"{size_error}; a capacity is a size such as '16GiB' or a GPU preset "
+                                     "name such as 'T4'") from None
                 raise ValueError(f"capacity {capacity!r} is neither a size (e.g. '16GiB') nor a GPU preset: {e}") from None
             total, preset = p.memory, p.name
             if context is None:
                 context = p.context_overhead
     else:
-        if capacity < 0:
-            raise ValueError(f"capacity must be positive; got {capacity} bytes")
-        total = capacity
-    if total <= 0:
-        raise ValueError(f"capacity must be positive; got {capacity!r} ({total} bytes)")
+        total = parse_size(capacity, what="capacity", positive=True)
     context = 0 if context is None else int(context)
     if context < 0 or context >= total:
         raise ValueError(f"context overhead {context} bytes must be in [0, capacity={total})")
@@ -330,9 +327,10 @@ class VirtualGPU:
         self._alloc: Optional[CachingAllocator] = None
         self._fraction = 1.0
         if conf is not None:
-            self._alloc = CachingAllocator(spec.capacity - spec.context, conf)
+            self._alloc = CachingAllocator(spec.capacity - spec.context, conf, total_memory=spec.capacity)
             round_blocks = True  # every block is a multiple of 512 bytes
-            self._fraction = getattr(conf, "per_process_memory_fraction", None) or 1.0
+            if conf.per_process_memory_fraction is not None:
+                self._fraction = conf.per_process_memory_fraction
         self.round_blocks = bool(round_blocks)
         books = ShardLedger if count_shards else Ledger
         self._fake_mode: Any = None
@@ -435,8 +433,12 @@ class VirtualGPU:
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: give cached segments back (nothing to do with exact accounting)."""
         if self._alloc is not None:
+            frames: list[dict[str, Any]] = []
+            if self._acct.frames is not None:  # as torch's: this method's frame (torch.cuda.empty_cache's), then the caller's
+                frames = [{"filename": __file__, "line": sys._getframe().f_lineno, "name": "empty_cache"},
+                          *self._acct.frames()]
             with self._acct.lock:
-                self._alloc.empty_cache()
+                self._alloc.empty_cache(frames=frames)
 
     def memory_stats(self) -> dict[str, Any]:
         """``torch.cuda.memory_stats()``, with torch's key names (bytes and counts). With exact
@@ -510,8 +512,7 @@ class VirtualGPU:
         allowed = self._allowed()
         if self._alloc is not None:
             with self._acct.lock:
-                self._alloc.set_memory_fraction(self._fraction, total=self._spec.capacity) \
-                    if _takes_total(self._alloc.set_memory_fraction) else self._alloc.set_memory_fraction(self._fraction)
+                self._alloc.set_memory_fraction(self._fraction)
         else:
             self._acct.budget = self.budget if allowed is None else min(self.budget, allowed)
 
@@ -520,14 +521,20 @@ class VirtualGPU:
         return round(self._fraction * self._spec.capacity) if self._fraction < 1.0 else None
 
     def record_memory_history(self, enabled: Union[None, bool, str] = "all", context: Optional[str] = "all",
-                              stacks: str = "all", max_entries: int = sys.maxsize) -> None:
+                              stacks: str = "all", max_entries: int = sys.maxsize, device: Any = None,
+                              clear_history: bool = False, compile_context: bool = False,
+                              global_record_annotations: bool = False, skip_actions: Optional[list[str]] = None) -> None:
         """``torch.cuda.memory._record_memory_history``: record the allocator's trace (alloc, free,
         segment events) for :meth:`memory_dump`. ``enabled``: ``"all"`` (or ``True``) records
         the trace and stacks, ``"state"`` the stacks of live blocks only, ``None`` (or ``False``)
         stops and clears; ``context``: ``"alloc"``, ``"state"``, ``"all"`` or ``None`` (where
         stacks are kept, as torch: ``"all"`` also records the stack of each free); ``stacks``:
         ``"python"`` or ``"all"`` (the Python frames of the code that allocated: there is no
-        C++ stack on a virtual card); ``max_entries``: the trace's ring buffer."""
+        C++ stack on a virtual card); ``max_entries``: the trace's ring buffer; ``clear_history``:
+        start from an empty trace; ``skip_actions``: trace actions not to record (``"alloc"``,
+        ``"free_requested"``, ...). ``device``, ``compile_context`` and ``global_record_annotations``
+        are accepted as torch accepts them and change nothing here (one device, no compiler
+        context, no annotations)."""
         if self._alloc is None:
             raise ValueError("record_memory_history() needs VirtualGPU(..., allocator='caching')")
         if enabled is True:
@@ -540,12 +547,12 @@ class VirtualGPU:
             raise ValueError(f"context must be None, 'state', 'alloc' or 'all'; got {context!r}")
         if stacks not in ("python", "all"):
             raise ValueError(f"stacks must be 'python' or 'all'; got {stacks!r}")
-        with self._acct.lock:
-            setter = getattr(self._alloc, "set_record_history", None)
-            if setter is not None:
-                setter(enabled == "all", max_entries=max_entries, clear=enabled is None)
-            else:
-                self._alloc.record_trace = enabled == "all"
+        with self._acct.lock:  # torch's _record_memory_history: "state" keeps one entry, stacks of live blocks
+            if clear_history:
+                self._alloc.set_record_history(False, clear=True)
+            self._alloc.set_record_history(enabled is not None, max_entries=max_entries if enabled == "all" else 1,
+                                           clear=enabled is None, context=context,
+                                           skip_actions=tuple(skip_actions or ()))
         self._acct.frames = _python_frames if enabled is not None and context is not None else None
 
     @property
