@@ -56,8 +56,65 @@ def test_round_trip_within_display_precision(n):
         assert abs(back - n) <= 0.005 * n + 1
 
 
-@given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["B", "KiB", "MiB", "GiB", "KB", "MB", "GB"]))
-def test_integer_units_are_exact(n, unit):
+@given(st.integers(min_value=0, max_value=2**32), st.sampled_from(["B", "KiB", "MiB", "GiB", "KB", "MB", "GB"]))
+def test_integer_units_are_exact(n, unit):  # up to 4 EiB: a size is at most 2**63 - 1 bytes
     factor = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 10**6, "GB": 10**9}[unit]
     assert parse_size(f"{n}{unit}") == n * factor
     assert parse_size(f"{n} {unit.lower()}") == n * factor
+
+
+# --------------------------------------------------------------------------- absurd sizes
+
+
+@pytest.mark.parametrize("bad", ["-1GiB", "-4GB", " - 2 KiB", "-1"])
+def test_a_negative_size_says_a_size_must_be_positive(bad):
+    with pytest.raises(ValueError) as e:
+        parse_size(bad)
+    msg = str(e.value)
+    assert repr(bad) in msg and "negative" in msg and "positive" in msg
+
+
+@pytest.mark.parametrize("bad", ["nan", "NaN", "inf", "-inf", "Infinity", "inf GiB", "1e400GiB", "1e400",
+                                 "1e99999999GiB", float("nan"), float("inf")])
+def test_a_size_that_is_not_finite_is_refused_as_such(bad):
+    """1e400 overflows a float to infinity; 1e99999999 must be refused at once, not computed
+    exactly (a number of 10**8 digits)."""
+    with pytest.raises(ValueError) as e:
+        parse_size(bad)
+    assert repr(bad) in str(e.value) and "not finite" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["8EiB", "9.3e18", "1e200GiB", 2**63, 10**30])
+def test_a_size_beyond_what_torch_can_count_is_too_large(bad):
+    with pytest.raises(ValueError, match="too large") as e:
+        parse_size(bad)
+    assert "2**63 - 1" in str(e.value)
+
+
+def test_the_largest_size_and_tiny_ones():
+    from vramlab.units import MAX_SIZE
+
+    assert parse_size(MAX_SIZE) == MAX_SIZE == 2**63 - 1
+    assert parse_size(str(MAX_SIZE)) == MAX_SIZE
+    assert parse_size("7.99EiB") < MAX_SIZE
+    assert parse_size("1e-400GiB") == 0 and parse_size("-0") == 0 and parse_size("+4GiB") == 4 * 2**30
+    assert parse_size("1e-99999999GiB") == 0  # at once, not by exact arithmetic
+
+
+def test_what_and_positive_name_the_argument_and_refuse_zero():
+    with pytest.raises(ValueError, match=r"negative capacity: '-1GiB' \(capacity must be positive\)"):
+        parse_size("-1GiB", what="capacity", positive=True)
+    for zero in ("0", "0GiB", 0, "1e-9B"):
+        with pytest.raises(ValueError, match="capacity must be positive"):
+            parse_size(zero, what="capacity", positive=True)
+    with pytest.raises(ValueError, match="capacity is not finite"):
+        parse_size("nan", what="capacity")
+
+
+def test_what_looks_like_a_size():
+    from vramlab.units import looks_like_size
+
+    for text in ("-1GiB", "1e400GiB", "nan", "inf", " -Inf GB", "16GiBs", ".5GB", "3"):
+        assert looks_like_size(text), text
+    for text in ("T4", "A100-80GB", "H100", "Inferno", "nanny", "", 16, None):
+        assert not looks_like_size(text), text

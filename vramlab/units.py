@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["format_bytes", "parse_size", "looks_like_size", "MAX_SIZE"]
 
 _IEC = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -50,7 +50,13 @@ _UNITS: dict[str, int] = {
     "pi": 1024**5,
 }
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([+-])?\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+_NOT_FINITE_RE = re.compile(r"^\s*[+-]?\s*(?:infinity|inf|nan)\s*([A-Za-z]*)\s*$", re.IGNORECASE)
+_SIZE_LIKE_RE = re.compile(r"^\s*(?:[+-]|[0-9]|\.[0-9])")
+
+#: The largest size: ``2**63 - 1`` bytes (8 EiB less a byte), the most a ``torch`` int64 size or
+#: counter can hold and far beyond any device's memory.
+MAX_SIZE = 2**63 - 1
 
 
 def format_bytes(n: int | float | None, *, signed: bool = False) -> str:
@@ -80,35 +86,87 @@ def format_bytes(n: int | float | None, *, signed: bool = False) -> str:
     return f"{sign}{value:.2f} {_IEC[exp]}"
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int | float, *, what: str = "size", positive: bool = False) -> int:
     """Parse a size into bytes.
 
     Accepts plain integers (``1024``), decimal units (``512MB``, ``1.5 GB``:
     powers of 1000) and IEC units (``4GiB``: powers of 1024), case-insensitive,
     with optional spaces. The result is rounded down to a whole byte.
 
+    A size is finite, zero or more, and at most :data:`MAX_SIZE` (``2**63 - 1`` bytes,
+    8 EiB): ``"-1GiB"``, ``"nan"``, ``"inf"`` and ``"1e400GiB"`` are refused.
+
+    Args:
+        text: the size: a string or bytes (an ``int``); a ``float`` is refused, saying why
+            (not finite, or a fraction of a byte).
+        what: what the size is, for the error messages (``"capacity"``).
+        positive: refuse zero too (a size that rounds down to 0 bytes).
+
     Raises:
-        ValueError: naming the text when it is not a size, or is negative.
+        ValueError: naming ``what`` and the text when it is not a size, or is negative, not
+            finite, too large (or zero, with ``positive``).
     """
+    limit = "at most 2**63 - 1 bytes, 8 EiB"
+    allowed = f"{what} must be positive" + ("" if positive else " or zero")
     if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
+        raise ValueError(f"not a {what}: {text!r}")
     if isinstance(text, int):
         if text < 0:
-            raise ValueError(f"negative size: {text!r}")
+            raise ValueError(f"negative {what}: {text!r} bytes ({allowed})")
+        if text > MAX_SIZE:
+            raise ValueError(f"{what} too large: {text!r} bytes ({limit})")
+        if positive and text == 0:
+            raise ValueError(f"{what} must be positive; got 0 bytes")
         return text
+    if isinstance(text, float):
+        if not math.isfinite(text):
+            raise ValueError(f"{what} is not finite: {text!r} ({what} must be a finite number of bytes, {limit})")
+        raise ValueError(f"not a {what}: {text!r} (bytes are an int; write a fraction of a unit as text, e.g. '1.5GiB')")
     if not isinstance(text, str):
-        raise ValueError(f"not a size: {text!r}")
+        raise ValueError(f"not a {what}: {text!r}")
+    if _not_finite(text):
+        raise ValueError(f"{what} is not finite: {text!r} ({what} must be a finite number of bytes, {limit})")
     m = _SIZE_RE.match(text)
     if not m:
-        raise ValueError(f"not a size: {text!r} (try e.g. '4GiB', '512MB', '1.5 GB' or a plain number of bytes)")
-    number, exponent, unit = m.groups()
+        raise ValueError(f"not a {what}: {text!r} (try e.g. '4GiB', '512MB', '1.5 GB' or a plain number of bytes)")
+    sign, number, exponent, unit = m.groups()
     factor = _UNITS.get(unit.lower())
     if factor is None:
-        raise ValueError(f"unknown unit {unit!r} in size {text!r} (use B, KB, MB, GB, TB, PB, EB or KiB, MiB, GiB, TiB, PiB, EiB)")
-    # Exact decimal arithmetic: 1.5 GB is exactly 1_500_000_000.
-    from fractions import Fraction
+        raise ValueError(f"unknown unit {unit!r} in {what} {text!r} (use B, KB, MB, GB, TB, PB, EB or KiB, MiB, GiB, TiB, PiB, EiB)")
+    if sign == "-" and any(c in "123456789" for c in number):
+        raise ValueError(f"negative {what}: {text!r} ({allowed})")
+    # The magnitude first, in floating point (cheap whatever the exponent): "1e400GiB" overflows
+    # to infinity, and "1e99999999GiB" must not be computed exactly (a number of 10**8 digits).
+    approx = float(f"{number}e{exponent or 0}") * factor
+    if not math.isfinite(approx):
+        raise ValueError(f"{what} is not finite: {text!r} overflows to infinity ({what} must be {limit})")
+    if approx > 2 * MAX_SIZE:
+        raise ValueError(f"{what} too large: {text!r} ({limit})")
+    n = 0
+    if approx >= 0.5:  # else below one byte (a float's relative error cannot reach 1): "1e-400GiB"
+        # Exact decimal arithmetic: 1.5 GB is exactly 1_500_000_000. The exponent is bounded by
+        # the text's length here (a value this size with a huge exponent needs as many digits).
+        from fractions import Fraction
 
-    value = Fraction(number) * factor
-    if exponent is not None:
-        value *= Fraction(10) ** int(exponent)
-    return int(value)
+        value = Fraction(number) * factor
+        if exponent is not None:
+            value *= Fraction(10) ** int(exponent)
+        n = int(value)
+    if n > MAX_SIZE:
+        raise ValueError(f"{what} too large: {text!r} = {n} bytes ({limit})")
+    if positive and n == 0:
+        raise ValueError(f"{what} must be positive; got {text!r} (0 bytes)")
+    return n
+
+
+def looks_like_size(text: object) -> bool:
+    """Whether ``text`` is written as a size (a sign, a digit, ``nan`` or ``inf`` first), so that
+    a caller that also takes names (GPU presets) reports :func:`parse_size`'s error for it rather
+    than an unknown name. ``"T4"`` and ``"A100-80GB"`` are not; ``"-1GiB"``, ``"nan"``, ``"16GiBs"`` are."""
+    return isinstance(text, str) and (_SIZE_LIKE_RE.match(text) is not None or _not_finite(text))
+
+
+def _not_finite(text: str) -> bool:
+    """``"nan"``, ``"inf"``, ``"-Infinity GiB"``: a non-finite number, with a known unit or none."""
+    m = _NOT_FINITE_RE.match(text)
+    return m is not None and m.group(1).lower() in _UNITS

@@ -222,3 +222,67 @@ def test_the_table_speaks_english_or_portuguese():
     assert "note:" in en and "nota:" in pt
     assert "max batch size <b>8</b>" in en_html and "tamanho máximo do batch <b>8</b>" in pt_html
     assert "<th>fits</th>" in en_html and "<th>cabe</th>" in pt_html and "trials" not in pt_html
+
+
+# --------------------------------------------------------------------------- absurd inputs
+
+
+def test_a_step_that_never_runs_out_of_memory_stops_at_the_default_limit_and_says_so():
+    """Before: with limit=None it doubled for ever (10,888 trials in 15 s, memory growing)."""
+    from vramlab.sim.batch_finder import DEFAULT_LIMIT
+
+    seen: list[int] = []
+    r = find_max_batch_size(seen.append, device="1GiB")  # allocates nothing, whatever the batch
+    assert DEFAULT_LIMIT == 2**20
+    assert r.max_batch_size == DEFAULT_LIMIT == r.limit and r.capped
+    assert r.num_trials == 21 and seen == [2**k for k in range(21)]
+    assert all(t.fits for t in r.trials)
+    assert len(r.notes) == 1 and "default limit" in r.notes[0] and "limit=" in r.notes[0]
+    assert str(DEFAULT_LIMIT) in r.notes[0]
+    assert "default limit" in r.text() and "(stopped at the limit)" in r.text()
+
+
+def test_the_default_limit_is_not_a_note_when_the_step_runs_out_of_memory_or_a_limit_is_given():
+    r = find_max_batch_size(closed_form_step, device="256MiB")
+    assert r.max_batch_size == 246 and not r.capped and r.notes == () and r.limit == 2**20
+    r = find_max_batch_size(lambda b: None, device="1GiB", limit=100)
+    assert r.capped and r.max_batch_size == 100 and r.limit == 100 and r.notes == ()
+
+
+def test_a_start_above_the_default_limit_is_tried_and_is_the_limit():
+    r = find_max_batch_size(lambda b: None, device="1GiB", start=3 * 2**20)
+    assert [t.batch for t in r.trials] == [3 * 2**20] and r.capped and r.limit == 3 * 2**20
+    assert "default limit of 3145728" in r.notes[0]
+
+
+@pytest.mark.parametrize("kw, names", [
+    (dict(start=0), "start"), (dict(start=-1), "start"), (dict(start=2**63), "start"),
+    (dict(limit=0), "limit"), (dict(limit=-5), "limit"), (dict(limit=2**63), "limit"), (dict(limit=1.5), "limit"),
+])
+def test_absurd_start_and_limit_name_the_argument_and_the_range(kw, names):
+    with pytest.raises(ValueError) as e:
+        find_max_batch_size(closed_form_step, device="1GiB", **kw)
+    msg = str(e.value)
+    assert msg.startswith(f"{names} must be an integer from 1 to 2**63 - 1") and repr(kw[names]) in msg
+
+
+@pytest.mark.parametrize("bad, says", [("-1GiB", "negative capacity"), ("1e400GiB", "not finite"),
+                                       ("nan", "not finite"), (0, "must be positive")])
+def test_an_absurd_device_size_is_refused_before_any_trial(bad, says):
+    calls: list[int] = []
+    with pytest.raises(ValueError, match=says):
+        find_max_batch_size(calls.append, device=bad)
+    assert calls == [] and gc.get_freeze_count() == 0
+
+
+def test_the_default_limit_note_speaks_portuguese():
+    from vramlab.i18n import set_lang
+
+    try:
+        set_lang("pt-BR")
+        r = find_max_batch_size(lambda b: None, device="1GiB", start=2**20)
+    finally:
+        set_lang(None)
+    assert r.notes == ("parou no limite padrão de 1048576: todo batch tentado coube, então talvez o passo não "
+                       "cresça com o tamanho do batch; passe limit= para buscar além dele (por exemplo, "
+                       "limit=16777216)",)

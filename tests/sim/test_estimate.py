@@ -247,3 +247,69 @@ def test_the_verdict_without_a_device_in_portuguese(speak):
         "pico 3.00 GiB (nenhum dispositivo informado)"
     speak("en")
     assert _made_up(fits=None, device=None, budget=None, capacity=None).verdict() == "peak 3.00 GiB (no device given)"
+
+
+# --------------------------------------------------------------------------- absurd inputs
+
+
+def _linear():
+    return nn.Linear(8, 4)
+
+
+def _rows(b):
+    return torch.randn(b, 8)
+
+
+@pytest.mark.parametrize("bad", [0, -1, -(10**6), 2.0, True, "8", None])
+def test_a_zero_or_negative_batch_names_the_argument_and_what_is_allowed(bad):
+    with pytest.raises(ValueError) as e:
+        estimate(_linear, _rows, batch_size=bad)
+    msg = str(e.value)
+    assert "batch_size" in msg and repr(bad) in msg and "positive integer" in msg
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("-1GiB", "negative device capacity"), ("0GiB", "must be positive"), (0, "must be positive"),
+    ("1e400GiB", "not finite"), ("nan", "not finite"), (float("inf"), "not finite"), ("8EiB", "too large"),
+])
+def test_an_absurd_device_size_says_what_is_wrong_not_unknown_preset(bad, says):
+    """Before: "-1GiB" and "nan" were "unknown GPU preset", "1e400GiB" an OverflowError."""
+    with pytest.raises(ValueError) as e:
+        estimate(_linear, _rows, batch_size=1, device=bad)
+    msg = str(e.value)
+    assert says in msg and repr(bad) in msg and "known:" not in msg
+
+
+def test_a_model_without_parameters_and_an_optimizer_is_refused_clearly():
+    """Before: torch's bare "optimizer got an empty parameter list"."""
+    for build, lacks in ((nn.Sequential, "has no parameters"), (nn.ReLU, "has no parameters"),
+                         (lambda: _linear().requires_grad_(False), "has no trainable parameters")):
+        with pytest.raises(ValueError) as e:
+            estimate(build, _rows, batch_size=2, optimizer="adamw")
+        msg = str(e.value)
+        assert lacks in msg and "optimizer='adamw'" in msg and "nothing to optimize" in msg
+        assert "optimizer=None" in msg  # and what to do instead
+
+
+def test_a_model_without_parameters_is_estimated_as_its_forward_pass_and_says_so():
+    """Before: a training step without an optimizer died in backward ("element 0 of tensors does
+    not require grad"). Nothing to backpropagate: the forward pass's activations, with a note."""
+    train = estimate(nn.ReLU, _rows, batch_size=16)
+    inference = estimate(nn.ReLU, _rows, batch_size=16, step="inference")
+    assert train.peak == inference.peak > 0
+    assert train.step == "inference" and train.parameters == 0
+    assert any("no trainable parameters" in n and "forward" in n for n in train.notes)
+    assert not inference.notes  # asked for inference: nothing to explain
+    assert "no trainable parameters" in train.text()
+
+
+def test_a_frozen_model_without_an_optimizer_is_also_its_forward_pass():
+    est = estimate(lambda: _linear().requires_grad_(False), _rows, batch_size=4)
+    assert est.step == "inference" and est.parameters == 8 * 4 + 4
+    assert est.breakdown["gradients"] == 0 and any("no trainable parameters" in n for n in est.notes)
+
+
+def test_the_forward_pass_note_speaks_portuguese(speak):
+    speak("pt-BR")
+    est = estimate(nn.ReLU, _rows, batch_size=2)
+    assert any("não tem parâmetros treináveis" in n for n in est.notes), est.notes

@@ -287,3 +287,45 @@ def test_at_eight_ranks_a_large_model_is_estimated_as_measured(measured8, strate
     if strategy == "fsdp":  # everything sharded: below one unsharded fp32 copy of the model
         assert e.peak < 4 * sum(p.numel() for p in build().parameters())
     assert e.breakdown["other"] < e.peak / 2  # the model's bytes are in their categories
+
+
+# --------------------------------------------------------------------------- absurd world sizes
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4", 16385, 10**6])
+def test_a_world_size_out_of_range_names_the_value_and_the_bound(bad) -> None:
+    """Before: 10**6 ranks ran (DDP in 0.2 s, FSDP for hours); 0 was already refused."""
+    build, make_batch, loss_fn = CASES["mlp"][0]()
+    with pytest.raises(ValueError) as e:
+        estimate(build, make_batch, batch_size=2, optimizer="adam", loss_fn=loss_fn, world_size=bad, strategy="ddp")
+    msg = str(e.value)
+    assert "world_size" in msg and repr(bad) in msg and f"from 1 to {D.MAX_WORLD_SIZE}" in msg
+    if isinstance(bad, int) and bad > D.MAX_WORLD_SIZE:
+        assert "simulates up to 16384 ranks" in msg  # and why
+
+
+def test_the_bound_is_16384_simulated_ranks_and_64_spawned_ones() -> None:
+    from vramlab.sim.ranks import MAX_SPAWNED_RANKS, MAX_WORLD_SIZE
+
+    assert (MAX_WORLD_SIZE, MAX_SPAWNED_RANKS) == (16384, 64)
+    assert D.check_world_size(MAX_WORLD_SIZE) == MAX_WORLD_SIZE
+    with pytest.raises(ValueError, match="from 1 to 64; got 65 .*real CPU process"):
+        D.run_ranks(print, None, world_size=65, timeout=1)  # refused before any process starts
+    with pytest.raises(ValueError, match="from 1 to 64; got 1000"):
+        measure_distributed_many([dict(factory=CASES["mlp"][0], strategy="ddp", batch_size=2)], world_size=1000)
+
+
+def test_the_largest_world_size_runs_for_ddp() -> None:
+    e = estimate(lambda: torch.nn.Linear(4, 4), lambda b: torch.randn(b, 4), batch_size=1, optimizer="sgd",
+                 world_size=D.MAX_WORLD_SIZE, strategy="ddp")
+    assert e.world_size == D.MAX_WORLD_SIZE and e.peak > 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_strategy_for_a_model_without_parameters_is_refused_clearly(strategy) -> None:
+    for build, lacks in ((torch.nn.ReLU, "has no parameters"),
+                         (lambda: torch.nn.Linear(4, 4).requires_grad_(False), "has no trainable parameters")):
+        with pytest.raises(ValueError) as e:
+            estimate(build, lambda b: torch.randn(b, 4), batch_size=2, world_size=2, strategy=strategy)
+        msg = str(e.value)
+        assert lacks in msg and repr(strategy) in msg and "without a strategy" in msg

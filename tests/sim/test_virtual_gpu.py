@@ -518,3 +518,47 @@ def test_snapshot_counts_ooms():
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(1000)
         assert vramlab.snapshot().device("virtual:0").num_ooms == 1
+
+
+# ------------------------------------------------------------------ absurd capacities
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("-1GiB", "negative capacity"),
+    ("-5MiB", "negative capacity"),
+    (-1, "negative capacity"),
+    ("0", "must be positive"),
+    (0, "must be positive"),
+    ("1e-400GiB", "must be positive"),
+    ("1e400GiB", "not finite"),
+    ("nan", "not finite"),
+    ("inf", "not finite"),
+    (float("nan"), "not finite"),
+    (float("inf"), "not finite"),
+    ("8EiB", "too large"),
+    (10**30, "too large"),
+    ("16GiBs", "unknown unit"),
+])
+def test_an_absurd_capacity_says_what_is_wrong_not_unknown_preset(bad, says):
+    """Before: "-1GiB" and "nan" were reported as unknown GPU presets, "1e400GiB" made a card of
+    10**279 bytes."""
+    with pytest.raises(ValueError) as e:
+        ExactGPU(bad)
+    msg = str(e.value)
+    assert says in msg and "capacity" in msg and repr(bad) in msg
+    assert "preset" not in msg.split(";")[0]  # the reason first; no list of presets
+    assert "known:" not in msg
+
+
+def test_a_name_that_is_not_a_size_still_lists_the_presets():
+    with pytest.raises(ValueError, match="neither a size .* nor a GPU preset.*known: T4"):
+        ExactGPU("H900")
+    assert ExactGPU("4060 Laptop").preset == "RTX 4060 Laptop"  # a preset that starts with a digit
+
+
+def test_pick_device_refuses_an_absurd_virtual_capacity_as_the_virtual_gpu_does():
+    from vramlab.lessons.device import pick_device
+
+    for bad, says in (("-1GiB", "negative capacity"), ("1e400GiB", "not finite"), ("nan", "not finite")):
+        with pytest.raises(ValueError, match=says):
+            pick_device(bad, force_virtual=True)

@@ -4,7 +4,9 @@ The search doubles the batch from ``start`` until the first out-of-memory error,
 binary-searches between the last batch that fitted and the first that did not, down to
 the exact boundary. With ``start=1`` and a largest fitting batch ``B``, the doubling takes
 ``k + 1`` trials (where ``2**(k-1) <= B < 2**k``) and the bisection ``k - 1``: ``2k``
-trials, never more than ``2*log2(B) + 2``.
+trials, never more than ``2*log2(B) + 2``. The doubling stops at ``limit``, by default
+:data:`DEFAULT_LIMIT` (2**20): a step that never runs out of memory ends after 21 trials,
+``capped``, with a note saying how to search further.
 
 How it differs from the two common finders:
 
@@ -36,7 +38,14 @@ from ..i18n import tr
 from ..runtime.oom import drop_traceback, is_oom
 from ..units import format_bytes
 
-__all__ = ["BatchSearch", "Trial", "find_max_batch_size"]
+__all__ = ["BatchSearch", "Trial", "find_max_batch_size", "DEFAULT_LIMIT"]
+
+#: The largest batch tried when ``limit=None``: 2**20 = 1,048,576 samples, 21 doublings from 1.
+#: That is above any per-device batch in use (large-batch training spreads 32k-64k samples over
+#: hundreds of devices), and it bounds a step that never runs out of memory (one that ignores
+#: its batch size, or allocates nothing per sample): without it the doubling went on for
+#: thousands of trials on ever larger integers. Pass ``limit=`` to search beyond it.
+DEFAULT_LIMIT = 2**20
 
 
 @dataclass(frozen=True)
@@ -58,8 +67,11 @@ class BatchSearch:
             no smaller batch fitted either).
         trials: every trial in order.
         device: what it ran on (``"virtual:0 (T4)"``, ``"cuda:0"``).
-        limit: the ``limit`` it was given, or ``None``.
-        capped: whether the search stopped at ``limit`` (the true maximum may be larger).
+        limit: the largest batch it would try: the ``limit`` given, or :data:`DEFAULT_LIMIT`
+            (2**20) for ``limit=None``.
+        capped: whether the search stopped at ``limit`` (the true maximum may be larger); a
+            note says so when that was the default limit.
+        notes: what to know about the result, in the current language.
     """
 
     max_batch_size: int
@@ -200,18 +212,21 @@ def _attempt(fn: Callable[[], Any]) -> bool:
     return True
 
 
-def _search(trial: Callable[[int], bool], start: int, limit: Optional[int]) -> tuple[int, Optional[int], bool]:
-    """Doubling then bisection; returns (largest fit or 0, smallest OOM or None, capped)."""
-    b = min(start, limit) if limit is not None else start
+def _search(trial: Callable[[int], bool], start: int, limit: int) -> tuple[int, Optional[int], bool]:
+    """Doubling then bisection; returns (largest fit or 0, smallest OOM or None, capped).
+
+    ``limit`` is always given (:data:`DEFAULT_LIMIT` for none): the doubling ends there after at
+    most ``log2(limit / start) + 1`` trials, even for a step that never runs out of memory."""
+    b = min(start, limit)
     lo, hi = 0, None  # lo: largest known fit; hi: smallest known OOM
     capped = False
     while hi is None:
         if trial(b):
             lo = b
-            if limit is not None and b >= limit:
+            if b >= limit:
                 capped = True
                 break
-            b = b * 2 if limit is None else min(b * 2, limit)
+            b = min(b * 2, limit)
         else:
             hi = b
     if hi is not None:
@@ -234,6 +249,9 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
             leave nothing behind that grows with it.
         start: the first batch size tried (``>= 1``).
         limit: the largest batch size worth trying; the search stops there when it fits.
+            ``None``: :data:`DEFAULT_LIMIT` (2**20 = 1,048,576, or ``start`` if larger), so that
+            a step that never runs out of memory ends after about 21 trials; when the search
+            stops there, ``capped`` is true and a note says how to go further.
         device: where to run: ``None`` (the active VirtualGPU, else the current CUDA
             device), a :class:`~vramlab.VirtualGPU`, ``"cuda"``/``"cuda:N"``, or a capacity
             or GPU preset (``"256MiB"``, ``"T4"``, bytes): a fresh VirtualGPU of that size
@@ -243,13 +261,18 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
         A :class:`BatchSearch`: ``max_batch_size`` and the trials (batch, fits, peak).
 
     Raises:
-        ValueError: for a bad ``start``/``limit`` or device.
+        ValueError: for a bad ``start``/``limit`` (integers from 1 to ``2**63 - 1``) or device.
         Exception: whatever ``step_fn`` raises other than an out-of-memory error, unchanged.
     """
-    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-        raise ValueError(f"start must be an integer >= 1; got {start!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit must be an integer >= 1 or None; got {limit!r}")
+    most = 2**63 - 1  # torch's sizes are int64: no larger batch can be a tensor's dimension
+    if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= most:
+        raise ValueError(f"start must be an integer from 1 to 2**63 - 1; got {start!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most):
+        raise ValueError(f"limit must be an integer from 1 to 2**63 - 1, or None (the default limit, "
+                         f"{DEFAULT_LIMIT}); got {limit!r}")
+    default = limit is None
+    if limit is None:
+        limit = max(DEFAULT_LIMIT, start)
     runner = _Runner(device)
     trials: list[Trial] = []
 
@@ -273,5 +296,9 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
     if lo == 0:
         notes.append(tr("no batch size fitted, not even 1") if start == 1 else
                      tr("batch size {start} did not fit, nor any smaller one", start=start))
+    if capped and default:
+        notes.append(tr("stopped at the default limit of {limit}: every batch tried fitted, so the step may not "
+                        "grow with the batch size; pass limit= to search further (e.g. limit={larger})",
+                        limit=limit, larger=min(limit * 16, most)))
     return BatchSearch(max_batch_size=lo, trials=tuple(trials), device=runner.describe(), limit=limit,
                        capped=capped, notes=tuple(notes))

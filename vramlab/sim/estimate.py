@@ -51,7 +51,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ..i18n import tr  # noqa: E402
-from ..units import format_bytes, parse_size  # noqa: E402
+from ..units import format_bytes, looks_like_size, parse_size  # noqa: E402
 from .allocator import AllocConf, CachingAllocator  # noqa: E402
 from .kernels import CudaKernels  # noqa: E402
 from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storage_resize  # noqa: E402
@@ -302,22 +302,33 @@ class Target:
 
 
 def target(device: Any) -> Target:
-    """A :class:`Target` from ``device=``: ``None``, a preset name, a size, bytes or a VirtualGPU."""
+    """A :class:`Target` from ``device=``: ``None``, a preset name, a size, bytes or a VirtualGPU.
+
+    A size must be positive and finite (:func:`~vramlab.units.parse_size`): ``"-1GiB"``, ``"nan"``
+    and ``"1e400GiB"`` get that ``ValueError``, not "unknown GPU preset"."""
     if device is None:
         return Target(None, None, 0, False)
     if isinstance(device, VirtualGPU):
         cc = device.kernels.cc if device.kernels is not None else None
         return Target(device.name, device.capacity, device.context_overhead, device.preset is not None,
                       device.allocator_kind, cc)
+    if isinstance(device, float):  # nan, inf: "not finite"; 1.5: bytes are an int
+        parse_size(device, what="device capacity", positive=True)
     if isinstance(device, bool) or not isinstance(device, (int, str)):
         raise ValueError(f"device must be a GPU preset name, a size or bytes; got {device!r}")
     try:
-        cap = parse_size(device)
-    except ValueError:
-        p = get_preset(str(device))  # ValueError listing the presets
+        cap = parse_size(device, what="device capacity", positive=True)
+    except ValueError as size_error:
+        if not isinstance(device, str):
+            raise
+        try:
+            p = get_preset(device)
+        except ValueError as e:
+            if looks_like_size(device):  # "-1GiB", "nan", "1e400GiB": the size's error, not an unknown preset
+                raise ValueError(f"{size_error}; device is a size such as '24GiB', bytes or a GPU preset name "
+                                 "such as 'T4'") from None
+            raise ValueError(f"device {device!r} is neither a size (e.g. '24GiB') nor a GPU preset: {e}") from None
         return Target(p.name, p.memory, p.context_overhead, True, "caching", p.compute_capability)
-    if cap <= 0:
-        raise ValueError(f"device capacity must be positive; got {device!r}")
     return Target(format_bytes(cap), cap, 0, False)
 
 
@@ -382,8 +393,8 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         steps: how many steps to run; default 2 with an optimizer (its state is created by
             the first), else 1. The peak is over all of them.
         round_blocks: count 512-byte blocks as CUDA does; default: on for a CUDA preset.
-        world_size: data-parallel ranks; with ``strategy``, the figures are one rank's and
-            ``batch_size`` is per rank.
+        world_size: data-parallel ranks, from 1 to 16384 (:data:`~vramlab.sim.ranks.MAX_WORLD_SIZE`:
+            as many GPUs as Llama 3 405B trained on; FSDP's simulation time grows with it); with ``strategy``, the figures are one rank's and ``batch_size`` is per rank.
         strategy: ``"ddp"``, ``"zero1"``, ``"zero2"`` (modelled), ``"fsdp"``, or an instance
             of :mod:`vramlab.sim.strategies`' ``DDP``/``ZeRO1``/``ZeRO2``/``FSDP`` with
             options; it runs torch's own wrapper on a fake process group (see that module).
@@ -392,8 +403,17 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             the ranks that may peak at the end of backward (the highest peak is reported,
             ``rank_peaks`` has those run), rank 0 for DDP and FSDP (their ranks hold alike).
 
+    A model without trainable parameters has nothing to backpropagate: with an optimizer or a
+    strategy, ``ValueError``; without, a training step is estimated as its forward pass (its
+    activations: ``step`` is ``"inference"`` in the result, and a note says so).
+
     Returns:
         An :class:`Estimate` (``.peak``, ``.breakdown``, ``.fits``, ``.device``).
+
+    Raises:
+        ValueError: naming the argument that is out of range: ``batch_size`` below 1, a
+            ``device`` size that is negative, zero, not finite or above 8 EiB, a ``world_size``
+            outside 1..16384, ...
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -410,6 +430,19 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
                                   conf=conf)
     plan = prec.plan(None)
     model = build_on_meta(build_model, plan.model_dtype)
+    notes: list[str] = []
+    lacking = _no_trainable_parameters(model)
+    if train and lacking is not None:
+        if optimizer is not None:
+            raise ValueError(f"the model {lacking}, so optimizer={optimizer!r} has nothing to optimize (torch refuses "
+                             "it: 'optimizer got an empty parameter list'); pass optimizer=None to estimate the "
+                             "forward pass's activations, or give the model trainable parameters")
+        # Nothing to backpropagate (torch's backward would refuse the loss): what such a step holds
+        # is its forward pass, which is what runs, as step="inference" (the same peak: without a
+        # parameter that requires grad, autograd saves nothing for backward).
+        train, step = False, "inference"
+        notes.append(tr("the model has no trainable parameters: there is nothing to backpropagate, so this is "
+                        "the forward pass's memory (its activations), estimated as step='inference'"))
     ckpt = checkpoint_modules(model, checkpoint)
     apply_checkpoint(ckpt)
     acct = Ledger(None, round_blocks=rb, fake=True, allocator=_books(conf))
@@ -428,7 +461,18 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         finally:
             hooks.remove()
     return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
-                         prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=[], checkpointed=len(ckpt))
+                         prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=len(ckpt))
+
+
+def _no_trainable_parameters(model: nn.Module) -> Optional[str]:
+    """``None`` when ``model`` has a parameter that requires grad; else what it lacks, for a
+    message: ``"has no parameters"`` or ``"has no trainable parameters (...)"``."""
+    params = list(model.parameters())
+    if any(p.requires_grad for p in params):
+        return None
+    if not params:
+        return "has no parameters"
+    return f"has no trainable parameters (its {count_params(model)} parameter elements all have requires_grad=False)"
 
 
 def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
@@ -455,6 +499,11 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
         notes.append(tr("zero2 is vramlab's model (gradients reduced to their owner rank, no buckets): torch has no "
                         "ZeRO-2, and this is not verified against DeepSpeed"))
     probe = build_on_meta(build_model, plan.model_dtype)
+    lacking = _no_trainable_parameters(probe)
+    if lacking is not None:
+        raise ValueError(f"the model {lacking}: strategy {strat.name!r} replicates or shards parameters, gradients "
+                         "and optimizer state, and there are none; estimate it without a strategy (world_size=1, "
+                         "no optimizer) for the forward pass's activations")
     ranks = ranks_to_estimate(strat, probe, ws, rank)
     record: Optional[list[tuple[int, int]]] = [] if isinstance(strat, ZeRO2) and rank is None and 0 in ranks else None
     n_params = count_params(probe)

@@ -24,13 +24,33 @@ require_torch("vramlab's distributed estimate")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-__all__ = ["check_world_size", "fake_process_group", "run_ranks"]
+__all__ = ["check_world_size", "fake_process_group", "run_ranks", "MAX_WORLD_SIZE", "MAX_SPAWNED_RANKS"]
+
+#: The most ranks an estimate simulates: 16384, the GPU count of Llama 3 405B's training run
+#: (16,384 H100s), among the largest published. One rank runs on a fake process group of ``world_size``
+#: ranks: DDP and ZeRO cost about the same at any size (a tiny model: 0.06 s at 100,000 ranks),
+#: but FSDP's time and padded shards grow with the ranks (about 1 ms per rank for each sharded
+#: unit: 41 s for a two-unit toy at 16384 ranks), and ``rank="all"`` runs every rank in turn.
+MAX_WORLD_SIZE = 16384
+
+#: The most ranks :func:`run_ranks` starts: each is a CPU process (spawned) that imports torch,
+#: about 0.2 GiB of memory and a second or more of CPU to start, so 64 already ask about 14 GiB.
+MAX_SPAWNED_RANKS = 64
 
 
-def check_world_size(world_size: Any) -> int:
-    """``world_size`` as an int >= 1, or one clear ``ValueError``."""
+def check_world_size(world_size: Any, *, most: int = MAX_WORLD_SIZE) -> int:
+    """``world_size`` as an int from 1 to ``most`` (default :data:`MAX_WORLD_SIZE`: 16384
+    simulated ranks; :func:`run_ranks` allows :data:`MAX_SPAWNED_RANKS`, 64 processes), or one
+    ``ValueError`` naming the value and what is allowed."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1; got {world_size!r}")
+        raise ValueError(f"world_size must be an integer from 1 to {most}; got {world_size!r}")
+    if world_size > most:
+        if most == MAX_SPAWNED_RANKS:
+            why = "each rank is a real CPU process that imports torch, about 0.2 GiB of memory each"
+        else:
+            why = ("vramlab simulates up to 16384 ranks, as many GPUs as Llama 3 405B trained on; "
+                   "FSDP's simulation time and padding grow with the ranks")
+        raise ValueError(f"world_size must be an integer from 1 to {most}; got {world_size!r} ({why})")
     return world_size
 
 
@@ -78,8 +98,10 @@ def run_ranks(rank_fn: Callable[[Any], Any], job: Any, *, world_size: int, timeo
     group (a ``file://`` rendezvous in a temporary folder); return each rank's result, rank 0
     first. ``rank_fn`` and ``job`` must be picklable (module-level). The ranks get one thread
     each and SIGINT/SIGTERM at their defaults; ``timeout`` (seconds) bounds the whole run.
+    ``world_size`` is at most :data:`MAX_SPAWNED_RANKS` (64 processes).
 
     Raises:
+        ValueError: ``world_size`` is not an integer from 1 to :data:`MAX_SPAWNED_RANKS`.
         RuntimeError: a rank failed (its traceback in the message) or did not finish in time.
     """
     import queue as _queue
@@ -87,7 +109,7 @@ def run_ranks(rank_fn: Callable[[Any], Any], job: Any, *, world_size: int, timeo
 
     import torch.multiprocessing as mp
 
-    world_size = check_world_size(world_size)
+    world_size = check_world_size(world_size, most=MAX_SPAWNED_RANKS)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -223,7 +223,7 @@ def count_params(model: nn.Module) -> int:
 def check_args(batch_size: int, step: str, steps: Optional[int], optimizer: Any) -> tuple[bool, int]:
     """``(train, steps)`` from the arguments, or one ``ValueError`` naming the bad one."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
+        raise ValueError(f"batch_size must be a positive integer (>= 1); got {batch_size!r}")
     if step not in ("train", "inference"):
         raise ValueError(f"step must be 'train' or 'inference'; got {step!r}")
     train = step == "train"
