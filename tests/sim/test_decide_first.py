@@ -322,3 +322,49 @@ def test_torch_cuda_names_read_the_card():
         gpu.reset_peak_memory_stats()
         assert gpu.max_memory_allocated() == 0
         assert gpu.max_memory_reserved() == 20 * MiB
+
+
+# ------------------------------------------------------------------ find_max_batch_size on a card larger than the host
+
+
+def _mlp_step(bs: int) -> None:
+    m = _mlp()
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):
+        loss = m(_batch(bs)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_find_max_batch_size_on_a_virtual_A100_gives_the_batch_estimate_gives():
+    from vramlab import estimate, find_max_batch_size
+
+    search = find_max_batch_size(_mlp_step, device="A100-80GB", values=False)
+    b = search.max_batch_size
+    assert any(t.batch == b + 1 and not t.fits for t in search.trials), "the boundary was tried on both sides"
+    fits = estimate(_mlp, _batch, batch_size=b, optimizer="adamw", device="A100-80GB")
+    over = estimate(_mlp, _batch, batch_size=b + 1, optimizer="adamw", device="A100-80GB")
+    assert fits.fits is True and over.fits is False
+    assert max(t.peak for t in search.trials if t.batch == b) == fits.peak
+    assert b * 4096 * 4 > 5 * GiB, "the batch alone is larger than a laptop's spare RAM"
+
+
+def test_find_max_batch_size_chooses_values_false_for_a_card_larger_than_the_host():
+    from vramlab import find_max_batch_size
+    from vramlab.probes.host import read_host
+
+    h = read_host(children=False)
+    card = VirtualGPU("A100-80GB")
+    if card.budget <= h.available - host_margin(h.limit):
+        pytest.skip("this machine holds a whole A100-80GB: real values would be chosen")
+    search = find_max_batch_size(lambda bs: torch.empty(bs * GiB, dtype=torch.uint8), device="A100-80GB")
+    # 79.5 GiB of budget: 79 one-GiB blocks (a segment each) fit, 80 do not
+    assert search.max_batch_size == card.budget // GiB
+    assert any("values=False" in n for n in search.notes)
+
+    def reads(bs: int) -> None:
+        torch.ones(bs).sum().item()
+
+    with pytest.raises(ValuesNotComputedError):
+        find_max_batch_size(reads, device="A100-80GB")

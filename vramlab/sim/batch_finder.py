@@ -126,7 +126,7 @@ class BatchSearch:
 class _Runner:
     """Runs one trial on a device and reads its peak."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, values: Optional[bool] = None) -> None:
         import torch
 
         from .virtual_gpu import VirtualGPU, active_virtual_gpu
@@ -136,6 +136,8 @@ class _Runner:
         self.fresh = False  # a new VirtualGPU per trial
         self.cuda: Any = None
         self.spec: Any = None
+        self.values = True  # a fresh VirtualGPU's values (see _choose_values)
+        self.host: Optional[tuple[int, int]] = None  # (available, margin) when values=False was chosen for the host
         if device is None:
             active = active_virtual_gpu()
             if active is not None:
@@ -155,7 +157,24 @@ class _Runner:
         else:
             self.spec = device
             self.fresh = True
-            VirtualGPU(device)  # validates the capacity now: ValueError for a bad one
+            card = VirtualGPU(device)  # validates the capacity now: ValueError for a bad one
+            self.values = self._choose_values(card.budget) if values is None else bool(values)
+        if values is not None and not self.fresh:
+            raise ValueError("values= applies to a device given as a capacity or a preset (a fresh VirtualGPU per "
+                             "trial); a VirtualGPU passed in keeps its own")
+
+    def _choose_values(self, budget: int) -> bool:
+        """Real values while the host can hold the card's whole budget beside its margin; else
+        ``values=False`` (shapes and memory only), as a card larger than the host needs."""
+        from ..probes.host import read_host
+        from .virtual_gpu import host_margin
+
+        h = read_host(children=False)
+        margin = host_margin(h.limit)
+        if budget <= h.available - margin:
+            return True
+        self.host = (h.available, margin)
+        return False
 
     def describe(self) -> str:
         if self.cuda is not None:
@@ -166,7 +185,7 @@ class _Runner:
     def _new(self) -> Any:
         from .virtual_gpu import VirtualGPU
 
-        return VirtualGPU(self.spec)
+        return VirtualGPU(self.spec, values=self.values)
 
     def cleanup(self) -> None:
         """Between trials: collect, then give the cache back, on CUDA and on a reused virtual card
@@ -240,7 +259,7 @@ def _search(trial: Callable[[int], bool], start: int, limit: int) -> tuple[int, 
 
 
 def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit: Optional[int] = None,
-                        device: Union[None, str, int, Any] = None) -> BatchSearch:
+                        device: Union[None, str, int, Any] = None, values: Optional[bool] = None) -> BatchSearch:
     """The largest batch size for which ``step_fn(batch_size)`` runs without running out of memory.
 
     Args:
@@ -256,6 +275,12 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
             device), a :class:`~vramlab.VirtualGPU`, ``"cuda"``/``"cuda:N"``, or a capacity
             or GPU preset (``"256MiB"``, ``"T4"``, bytes): a fresh VirtualGPU of that size
             for every trial, so every trial starts empty.
+        values: for a capacity or preset, whether the trials compute values
+            (:class:`~vramlab.VirtualGPU`'s ``values``). ``None``: real values when this machine
+            can hold the whole card beside a margin (:func:`~vramlab.sim.virtual_gpu.host_margin`),
+            else ``values=False``, shapes and memory only, so that a card larger than the host is
+            searched as :func:`~vramlab.estimate` counts it (a note says so; a step that reads a
+            value then raises :class:`~vramlab.sim.virtual_gpu.ValuesNotComputedError`).
 
     Returns:
         A :class:`BatchSearch`: ``max_batch_size`` and the trials (batch, fits, peak).
@@ -273,7 +298,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
     default = limit is None
     if limit is None:
         limit = max(DEFAULT_LIMIT, start)
-    runner = _Runner(device)
+    runner = _Runner(device, values)
     trials: list[Trial] = []
 
     def trial(b: int) -> bool:
@@ -293,6 +318,11 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
     finally:
         gc.unfreeze()
     notes = []
+    if runner.host is not None:
+        notes.append(tr("the trials ran with values=False (shapes and memory, no values): the card's {budget} does "
+                        "not fit beside this machine's {available} of available RAM less {margin} kept free",
+                        budget=format_bytes(runner._new().budget), available=format_bytes(runner.host[0]),
+                        margin=format_bytes(runner.host[1])))
     if lo == 0:
         notes.append(tr("no batch size fitted, not even 1") if start == 1 else
                      tr("batch size {start} did not fit, nor any smaller one", start=start))
