@@ -91,6 +91,25 @@ def _alias_flags(func: Any) -> tuple[bool, ...]:
     return flags
 
 
+#: the sizes of each operator's new storages, by its arguments' signature (see Ledger._meta_sizes)
+_SIZES: dict[Any, tuple[int, ...]] = {}
+_SIZES_MAX = 65536
+
+
+def _signature(x: Any) -> Any:
+    """A hashable stand-in for an operator's argument that decides its outputs' sizes: a tensor's
+    shape, strides, offset, dtype and device; lists and tuples item by item; anything else itself
+    (a ``TypeError`` from ``hash`` when it cannot be a key)."""
+    if isinstance(x, torch.Tensor):
+        if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.layout != torch.strided:
+            raise TypeError("not a plain tensor")
+        return (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device.type)
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(v) for v in x)
+    hash(x)
+    return (type(x), x)
+
+
 def _plan(func: Any) -> tuple[bool, tuple[str, ...], bool]:
     """What the schema says of ``func``: whether it may allocate (a tensor return that is not an
     alias, or ``out=`` arguments that may grow), the names of its ``out=`` arguments, and
@@ -656,7 +675,29 @@ class Ledger(TorchDispatchMode):
     def _meta_sizes(self, func: Any, args: tuple, kwargs: dict, outs: tuple[str, ...],
                     device: bool) -> Optional[tuple[list[int], list[tuple[torch.UntypedStorage, int]]]]:
         """``(bytes of each new storage, [(out= storage, its new bytes)])`` from running ``func``
-        on meta stand-ins of its arguments, or ``None`` when the meta device cannot say."""
+        on meta stand-ins of its arguments, or ``None`` when the meta device cannot say. An
+        operator without ``out=`` arguments is sized once per signature (its arguments' shapes,
+        strides, dtypes and other values): a training loop repeats the same calls, and a meta run
+        costs far more than the lookup."""
+        key = None
+        if not outs:
+            try:
+                key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+                hit = _SIZES.get(key)
+            except TypeError:  # an argument that cannot be a key
+                key, hit = None, None
+            if hit is not None:
+                return list(hit), []
+        sized = self._run_on_meta(func, args, kwargs, outs, device)
+        if key is not None and sized is not None:
+            if len(_SIZES) >= _SIZES_MAX:
+                _SIZES.clear()
+            _SIZES[key] = tuple(sized[0])
+        return sized
+
+    def _run_on_meta(self, func: Any, args: tuple, kwargs: dict, outs: tuple[str, ...],
+                     device: bool) -> Optional[tuple[list[int], list[tuple[torch.UntypedStorage, int]]]]:
+        """:meth:`_meta_sizes`' meta run."""
         try:
             margs = tree_map(_on_meta, args)
             mkw = {k: (tree_map(_out_on_meta, v) if k in outs else tree_map(_on_meta, v)) for k, v in kwargs.items()}
