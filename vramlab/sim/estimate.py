@@ -122,6 +122,10 @@ class Estimate:
             ``fits`` then compares it with the budget. ``None`` with exact accounting.
         allocator: ``"exact"`` (each storage's bytes, 512-byte blocks on a CUDA preset) or
             ``"caching"`` (:mod:`vramlab.sim.allocator`: blocks and segments as PyTorch's).
+        num_alloc_retries: with the caching allocator on a card, how many times it emptied its
+            cache at the card's limit to go on (torch's ``num_alloc_retries``), when the step fits;
+            ``None`` otherwise. With the caching allocator on a card, ``fits`` is the allocator's own
+            verdict at the card's limit (it fits unless the allocator would raise).
     """
 
     peak: int
@@ -149,6 +153,7 @@ class Estimate:
     checkpoint: int = 0
     peak_reserved: Optional[int] = None
     allocator: str = "exact"
+    num_alloc_retries: Optional[int] = None
 
     @property
     def model_states_total(self) -> int:
@@ -221,13 +226,19 @@ class Estimate:
             f"<tr><td>{html.escape(labels[k])}</td><td style='text-align:right'>"
             f"{html.escape(format_bytes(self.breakdown.get(k, 0)))}</td></tr>" for k in CATEGORIES)
         color = "#59a14f" if self.fits else ("#e15759" if self.fits is False else "#888")
+        extra = ""
+        if self.peak_reserved is not None:  # what text() says under the table, said here too
+            extra += "<p>" + html.escape(tr("reserved by the caching allocator at most {reserved} ({above} above the "
+                                            "allocated peak)", reserved=format_bytes(self.peak_reserved),
+                                            above=format_bytes(self.peak_reserved - self.peak))) + "</p>"
+        extra += "".join("<p>" + html.escape(tr("note: {note}", note=n)) + "</p>" for n in self.notes)
         about = tr("{method}, {step} step, batch {batch}, {parameters} parameters; {seconds} s",
                    method=_method(self.method), step=_step(self.step), batch=self.batch_size,
                    parameters=f"{self.parameters:,}", seconds=f"{self.seconds:.2f}")
         return (f"<div class='vramlab-estimate'><p style='border-left:3px solid {color};padding-left:6px'>"
                 f"{html.escape(self.verdict())}</p><table><tr><th>{html.escape(tr('at the peak'))}</th>"
                 f"<th>{html.escape(tr('bytes'))}</th></tr>{rows}"
-                f"</table>{self._states_html()}<p>{html.escape(about)}</p></div>")
+                f"</table>{self._states_html()}{extra}<p>{html.escape(about)}</p></div>")
 
     def _states_html(self) -> str:
         if not self.model_states:
@@ -334,9 +345,13 @@ def target(device: Any) -> Target:
 
 def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, step: str, steps: int,
                   prec: Precision, method: str, t0: float, notes: list[str], checkpointed: int = 0,
-                  parallel: Optional[tuple[int, str, int, dict[int, int]]] = None) -> Estimate:
+                  parallel: Optional[tuple[int, str, int, dict[int, int]]] = None,
+                  limit: Optional[tuple[bool, Optional[str]]] = None) -> Estimate:
     """The :class:`Estimate` of a ledger's books after a run: its peak, breakdown and model
-    states, the verdict on ``tgt``; ``parallel``: ``(world_size, strategy, rank, rank_peaks)``."""
+    states, the verdict on ``tgt``; ``parallel``: ``(world_size, strategy, rank, rank_peaks)``;
+    ``limit``: ``(fits, what the refused request was)`` when the caching allocator ran at the
+    card's limit (the verdict is then its own: ``acct`` is that run's books when it fitted,
+    else an unbounded run's, for what the step needs)."""
     budget = None if tgt.capacity is None else tgt.capacity - tgt.context
     if tgt.context:
         notes.append(tr("{context} set aside for the CUDA context (an assumed figure)", context=format_bytes(tgt.context)))
@@ -346,8 +361,21 @@ def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, 
     states = {k: acct.after_step[k] for k in MODEL_STATES} if acct.after_step is not None else {}
     reserved = acct.allocator.peak_reserved if acct.allocator is not None else None
     needed = reserved if reserved is not None else acct.peak
+    fits = None if budget is None else needed <= budget
+    retries = acct.allocator.memory_stats()["num_alloc_retries"] if acct.allocator is not None else None
+    if limit is not None and budget is not None:
+        fits, refused = limit
+        if fits and retries:
+            notes.append(tr("fits only because the caching allocator, at the card's limit, emptied its cache and "
+                            "retried (num_alloc_retries = {n}), as a card does: each time it waits for the GPU and "
+                            "frees every cached segment", n=retries))
+        elif not fits:
+            retries = None  # the figures are the unbounded run's
+            notes.append(tr("the caching allocator at the card's limit, after releasing its cache, refused a "
+                            "request ({tried}): the figures are what the step needs on a larger card",
+                            tried=refused or tr("its size unknown")))
     return Estimate(
-        peak=acct.peak, breakdown=dict(acct.peak_cats), fits=None if budget is None else needed <= budget,
+        peak=acct.peak, breakdown=dict(acct.peak_cats), fits=fits, num_alloc_retries=retries,
         device=tgt.name, capacity=tgt.capacity, budget=budget, after=acct.allocated, parameters=n_params,
         batch_size=batch_size, step=step, steps=steps, dtype=prec.label,
         round_blocks=acct.round_blocks, method=method, seconds=time.perf_counter() - t0, notes=tuple(notes),
@@ -443,25 +471,60 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         train, step = False, "inference"
         notes.append(tr("the model has no trainable parameters: there is nothing to backpropagate, so this is "
                         "the forward pass's memory (its activations), estimated as step='inference'"))
-    ckpt = checkpoint_modules(model, checkpoint)
-    apply_checkpoint(ckpt)
-    acct = Ledger(None, round_blocks=rb, fake=True, allocator=_books(conf))
-    hooks = LedgerHooks(acct)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        hooks.install()
+    def run(model: nn.Module, books: Optional[CachingAllocator]) -> tuple[Ledger, int, Any]:
+        ckpt = checkpoint_modules(model, checkpoint)
+        apply_checkpoint(ckpt)
+        acct = Ledger(None, round_blocks=rb, fake=True, allocator=books)
+        if books is card:
+            acct.on_oom = refuse
+        hooks = LedgerHooks(acct)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            hooks.install()
+            try:
+                with acct, tgt.kernels(acct):
+                    materialize(model)
+                    init_parameters(model)
+                    hooks.classify_module(model, recurse=True)
+                    wrap = MasterWeights.of if plan.master_weights else None
+                    opt = make_optimizer(optimizer, model, tgt.cuda_like, wrap)
+                    scaler = LossScaler("cpu") if plan.scale_loss and train else None
+                    run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
+            finally:
+                hooks.remove()
+        return acct, len(ckpt), (model, opt)  # kept alive to the result: ``after`` is what the step keeps
+
+    refused: Optional[str] = None
+    card = _card_books(conf, tgt)
+
+    def refuse(requested: int, pending: int) -> BaseException:
+        nonlocal refused
+        refused = format_bytes(requested)
+        return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
+
+    if card is not None:
+        # The verdict is the allocator's at the card's limit, with its release-and-retry chain, as
+        # a VirtualGPU of that card (or the card itself) runs the step: "does not fit" means it
+        # would raise. When it does, the step is run again without a limit for what it needs.
         try:
-            with acct, tgt.kernels(acct):
-                materialize(model)
-                init_parameters(model)
-                hooks.classify_module(model, recurse=True)
-                wrap = MasterWeights.of if plan.master_weights else None
-                opt = make_optimizer(optimizer, model, tgt.cuda_like, wrap)
-                scaler = LossScaler("cpu") if plan.scale_loss and train else None
-                run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
-        finally:
-            hooks.remove()
+            acct, nck, _kept = run(model, card)
+        except torch.OutOfMemoryError:
+            refused = refused or tr("more than 1 EiB")
+            model = build_on_meta(build_model, plan.model_dtype)
+            acct, nck, _kept = run(model, _books(conf))
+    else:
+        acct, nck, _kept = run(model, _books(conf))
     return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
-                         prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=len(ckpt))
+                         prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=nck,
+                         limit=None if card is None else (refused is None, refused))
+
+
+def _card_books(conf: Optional[AllocConf], tgt: "Target") -> Optional[CachingAllocator]:
+    """The caching allocator of the target card, bounded as a VirtualGPU of it is (the card's
+    memory less the modelled context; a fraction is of the whole card), or ``None`` (exact
+    accounting, or no card)."""
+    if conf is None or tgt.capacity is None:
+        return None
+    return CachingAllocator(tgt.capacity - tgt.context, conf, total_memory=tgt.capacity)
 
 
 def _no_trainable_parameters(model: nn.Module) -> Optional[str]:
@@ -510,9 +573,21 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     del probe
     best: Optional[tuple[int, Ledger, Any, Any, int]] = None
     peaks: dict[int, int] = {}
-    for r in ranks:
+    refused: Optional[str] = None
+    card: Optional[CachingAllocator] = None
+    params: list[Any] = []
+
+    def refuse(requested: int, pending: int) -> BaseException:
+        nonlocal refused
+        refused = format_bytes(requested)
+        return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
+
+    def run_rank(r: int, books: Optional[CachingAllocator]) -> tuple[ShardLedger, Any, Any, int]:
+        nonlocal params
         model = build_on_meta(build_model, plan.model_dtype)  # built and cast before the fake mode and the ledger
-        acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=_books(conf))
+        acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=books)
+        if books is not None and books is card:
+            acct.on_oom = refuse
         hooks = LedgerHooks(acct)
         with fake_process_group(ws, r):
             mesh = device_mesh(strat)
@@ -535,12 +610,26 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                     for h in extra:
                         h.remove()
                     hooks.remove()
+        return acct, model, opt, ckpt
+
+    for r in ranks:
+        # As for one device: each rank's verdict is its caching allocator's at the card's limit;
+        # a rank it refuses is run again without the limit, for what it needs.
+        card = _card_books(conf, tgt)
+        if card is not None:
+            try:
+                acct, model, opt, ckpt = run_rank(r, card)
+            except torch.OutOfMemoryError:
+                refused = refused or tr("more than 1 EiB")
+                acct, model, opt, ckpt = run_rank(r, _books(conf))
+        else:
+            acct, model, opt, ckpt = run_rank(r, _books(conf))
         peaks[r] = acct.peak
         if r == 0 and record is not None:
             for c in _zero2_more_ranks(params, record, acct, ws):
                 if c not in ranks:
                     ranks.append(c)
-            del params
+            params = []
         if best is None or acct.peak > best[1].peak:
             best = (r, acct, model, opt, ckpt)  # alive until the result: ``after`` is what a rank keeps
         del model, opt
@@ -554,4 +643,5 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                         which=which, lowest=format_bytes(min(peaks.values())), highest=format_bytes(max(peaks.values()))))
     return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,
                          method="estimated (FakeTensorMode, fake process group)", t0=t0, notes=notes,
-                         checkpointed=ckpt, parallel=(ws, strat.name, r, peaks))
+                         checkpointed=ckpt, parallel=(ws, strat.name, r, peaks),
+                         limit=None if _card_books(conf, tgt) is None else (refused is None, refused))

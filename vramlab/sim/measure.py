@@ -143,9 +143,10 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
         opt = make_optimizer(optimizer, model, tgt.cuda_like, MasterWeights.of if plan.master_weights else None)
         scaler = LossScaler("cpu") if plan.scale_loss and train else None
         run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
+    bounded = gpu.allocator_kind == "caching" and tgt.capacity is not None
     return make_estimate(gpu.ledger, tgt, n_params=count_params(model), batch_size=batch_size, step=step,
                          steps=steps, prec=prec, method="measured (VirtualGPU)", t0=t0, notes=[],
-                         checkpointed=len(ckpt))
+                         checkpointed=len(ckpt), limit=(True, None) if bounded else None)
 
 
 def warm_up_cuda(torch_mod: Any = torch, device: str = "cuda:0") -> None:
