@@ -556,11 +556,17 @@ class History:
 
 
 class Consumer(NamedTuple):
-    """A name in the user's namespace that holds tensors: their unique storages' bytes and devices."""
+    """A name in the user's namespace that holds tensors: their unique storages' bytes and devices.
+
+    ``kind`` says how it holds them (:mod:`vramlab.runtime.holders`): ``"tensor"``,
+    ``"tensors"`` (a list, tuple or dict of them), ``"module"`` (parameters, buffers,
+    gradients), ``"optimizer state"``, ``"autograd graph"`` (what the graph of the name's
+    tensors saved for backward, that no other name holds) or ``"output cache"`` (``Out[n]``)."""
 
     name: str
     nbytes: int  #: bytes of the unique storages it keeps alive
     devices: str  #: the devices they are on, comma-separated (``"cuda:0"``, ``"cpu, cuda:0"``)
+    kind: str = "tensor"
 
 
 class FreedDevice(NamedTuple):
@@ -583,17 +589,16 @@ class OOMExplanation:
     The batch advice (``batch_size``: the batch variable's value when the cell failed):
 
     - ``batch_basis="two runs"``: this cell also ran, and fitted, at the batch
-      ``batch_seen``; ``fitting_batch_size`` is a batch that fits (under the assumption
-      stated in :func:`vramlab.runtime.oom.explain_oom`: at every moment, the cell's
-      allocation is a fixed part plus a part in proportion to the batch, both >= 0),
-      ``batch_estimate`` is where the line through the two runs meets the budget (an
-      estimate of the largest batch that fits) and ``batch_upper_bound`` is at least the
-      largest;
+      ``batch_seen``; ``fitting_batch_size`` is that batch, the largest known to fit because
+      it ran (vramlab cannot rerun the cell to check a larger one: the caching allocator's
+      rounding and fragmentation are not in proportion to the batch), ``batch_estimate`` is
+      where the line through the two runs meets the budget (an estimate of the largest batch
+      that fits, unchecked) and ``batch_upper_bound`` is at least the largest;
     - ``batch_basis="this cell"``: only the failed cell's record was known;
-      ``fitting_batch_size`` is then an upper bound of the largest batch that fits (as is
-      ``batch_upper_bound``), not a batch known to fit;
-    - ``batch_basis="halving"``: the cell was not measured: halving is advised, and no
-      batch is derived.
+      ``batch_upper_bound`` is an upper bound of the largest batch that fits, and
+      ``fitting_batch_size`` is ``None``: no batch is known to fit;
+    - ``batch_basis="halving"``: the cell was not measured: halving is suggested as an
+      unchecked first try, and no batch is derived (``fitting_batch_size`` is ``None``).
     """
 
     message: str
@@ -626,11 +631,17 @@ class OOMExplanation:
 
 @dataclass(frozen=True)
 class FreedReport:
-    """Bytes returned by :func:`vramlab.runtime.oom.free_last_error`: host RSS, and per device allocated/reserved."""
+    """Bytes returned by :func:`vramlab.runtime.oom.free_last_error`: host RSS, and per device
+    allocated/reserved (measured before and after). ``released``: what was dropped from the
+    namespace, each with the bytes it held (autograd graphs detached, cached outputs removed);
+    ``kept``: what still holds tensors after it, named and left alone (the user's modules,
+    optimizer state and tensors), largest first."""
 
     host: int
     devices: tuple[FreedDevice, ...] = field(default_factory=tuple)
     cleared: tuple[str, ...] = field(default_factory=tuple)
+    released: tuple[Consumer, ...] = field(default_factory=tuple)
+    kept: tuple[Consumer, ...] = field(default_factory=tuple)
 
     def text(self) -> str:
         """One line per layer."""

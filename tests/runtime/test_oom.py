@@ -72,7 +72,8 @@ def test_batch_size_suggestion_uses_the_cells_measured_growth():
     ns = {"batch_size": 64}
     ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG), ns, _record(2 * GiB))
     # wanted >= 2 GiB + 2 GiB (the request); 2 GiB + 1.5 GiB free (the fragmented cache is not usable): 64 * 3.5 / 4
-    assert ex.batch_size == 64 and ex.fitting_batch_size == 56 and ex.batch_basis == "this cell"
+    assert ex.batch_size == 64 and ex.batch_upper_bound == 56 and ex.batch_basis == "this cell"
+    assert ex.fitting_batch_size is None, "no batch is known to fit from a failed run alone"
     assert "batch size 64 -> at most 56, an upper bound from this cell alone" in ex.suggestions[1]
     assert "%vram free" in ex.text()
 
@@ -85,6 +86,7 @@ def test_without_the_cells_record_only_halving_is_advised():
     ex = explain_oom(torch.OutOfMemoryError(msg), {"bs": 64})
     assert ex.batch_size == 64 and ex.fitting_batch_size is None and ex.batch_basis == "halving"
     assert ex.suggestions[0].startswith("batch size 64 -> try 32") and "only halving" in ex.suggestions[0]
+    assert "not checked" in ex.suggestions[0]
 
 
 def test_the_upper_bound_holds_for_a_step_with_a_fixed_part():
@@ -102,7 +104,8 @@ def test_the_upper_bound_holds_for_a_step_with_a_fixed_part():
                f"{B / MiB:.2f} MiB of which 64.00 MiB is free. Of the allocated memory {allocated / MiB:.2f} MiB is "
                "allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated.")
         ex = explain_oom(torch.OutOfMemoryError(msg), {"batch_size": b}, _record(allocated))
-        assert ex.fitting_batch_size is not None and limit <= ex.fitting_batch_size < b
+        assert ex.fitting_batch_size is None and ex.batch_upper_bound is not None
+        assert limit <= ex.batch_upper_bound < b
 
 
 def _oom_message(request: int, held: int, budget: int) -> str:
@@ -141,9 +144,9 @@ def test_two_runs_suggest_a_batch_that_fits_for_steps_with_a_fixed_part(fixed_op
                      history=[ok, failed])
     assert ex.batch_basis == "two runs" and ex.batch_seen == seen
     assert ex.fitting_batch_size is not None and ex.batch_upper_bound is not None
-    assert seen <= ex.fitting_batch_size <= limit <= ex.batch_upper_bound < bs
-    assert ex.suggestions[0].startswith(f"batch size {bs} -> try {ex.fitting_batch_size}, from two runs of this "
-                                        f"cell at batch {seen} and {bs}")
+    assert ex.fitting_batch_size == seen <= limit <= ex.batch_upper_bound < bs, "the batch advised is the one that ran"
+    assert ex.batch_estimate is not None and seen <= ex.batch_estimate <= ex.batch_upper_bound
+    assert ex.suggestions[0].startswith(f"batch size {bs} -> {seen} fits: this cell ran at batch {seen}")
     assert f"at most {ex.batch_upper_bound}" in ex.suggestions[0]
 
 
@@ -210,11 +213,10 @@ def _embedding_step(vocab: int, seq: int):
     ("caching", 20000, "512MiB"),  # 120 MiB fixed: at batch 512 the optimizer step makes the peak
     ("exact", 2000, "384MiB"),  # a small fixed part: activations make the peaks
 ])
-def test_on_the_virtual_gpu_the_batch_from_two_runs_fits_and_is_not_far_below_the_largest(allocator, vocab, capacity,
-                                                                                          free_heap_after):
-    """Batch 512 fits, 4096 raises torch.OutOfMemoryError; from their records the explainer's batch
-    runs on the same card, and is at least half of the largest batch that fits
-    (find_max_batch_size on a fresh card)."""
+def test_on_the_virtual_gpu_the_advised_batch_runs_and_the_bound_holds(allocator, vocab, capacity, free_heap_after):
+    """Batch 512 fits, 4096 raises torch.OutOfMemoryError; from their records the explainer
+    advises a batch that runs on the same card (the one that ran), and its upper bound is at
+    least the largest batch that fits (find_max_batch_size on a fresh card)."""
     import gc
 
     import torch
@@ -250,14 +252,13 @@ def test_on_the_virtual_gpu_the_batch_from_two_runs_fits_and_is_not_far_below_th
         gpu.empty_cache()
         fit = ex.fitting_batch_size
         assert ex.batch_basis == "two runs" and fit is not None and ok.devices[0].peak_allocated_delta
-        assert "from two runs of this cell at batch 512 and 4096" in ex.text()
+        assert "this cell ran at batch 512" in ex.text()
         step(fit)  # no OutOfMemoryError: it fits on the same card
     largest = find_max_batch_size(step, start=fit,
                                   device=capacity if allocator == "caching" else VirtualGPU(capacity, allocator="exact"))
-    assert 512 < fit <= largest.max_batch_size <= 2 * fit
-    assert largest.max_batch_size <= ex.batch_upper_bound < 4096
+    assert fit == 512 <= largest.max_batch_size <= ex.batch_upper_bound < 4096
     assert alone.batch_basis == "this cell" and "an upper bound from this cell alone" in alone.text()
-    assert alone.fitting_batch_size >= largest.max_batch_size
+    assert alone.fitting_batch_size is None and alone.batch_upper_bound >= largest.max_batch_size
     assert unmeasured.batch_basis == "halving" and "batch size 4096 -> try 2048" in unmeasured.text()
     assert "only halving can be advised" in unmeasured.text()
 
@@ -340,7 +341,7 @@ def test_the_explanation_speaks_english_or_portuguese_in_text_and_html(speak):
     pairs = [("[vramlab] out of memory", "[vramlab] falta de memória"), ("requested", "pedido"),
              ("free on the device", "livre no dispositivo"), ("fragmentation is the cause", "a causa é a fragmentação"),
              ("what to try, most effective first", "o que tentar, do mais eficaz para o menos"),
-             ("try 32: vramlab did not measure", "tente 32: o vramlab não mediu"), ("mixed precision", "precisão mista"),
+             ("try 32, a first guess that vramlab has not checked", "tente 32, um primeiro palpite que o vramlab não verificou"), ("mixed precision", "precisão mista"),
              ("then run %vram free", "depois rode %vram free")]
     for english, portuguese in pairs:
         for en, pt in ((en_text, pt_text), (en_html, pt_html)):

@@ -7,7 +7,7 @@ Sizes are shown in IEC units.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Optional
+from typing import Any, Optional
 
 from ..i18n import tr, tr_note
 from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, FreedReport, History, HostDelta,
@@ -302,8 +302,7 @@ def oom_text(e: OOMExplanation) -> str:
         lines.append("  " + tr("fragmentation is the cause: free memory and the cache together would hold the request"))
     if e.consumers:
         lines.append("  " + tr("largest live consumers:"))
-        for c in e.consumers:
-            lines.append(f"    {c.name:<24}{format_bytes(c.nbytes):>12}  {c.devices}")
+        lines.extend(_consumer_lines(e.consumers))
     if e.suggestions:
         lines.append("  " + tr("what to try, most effective first:"))
         lines.extend(f"    {i}. {s}" for i, s in enumerate(e.suggestions, 1))
@@ -311,12 +310,32 @@ def oom_text(e: OOMExplanation) -> str:
     return "\n".join(lines)
 
 
+def _kind(kind: str) -> str:
+    """A holder's kind (:mod:`vramlab.runtime.holders`), in the display's language."""
+    return {"tensor": tr("tensor"), "tensors": tr("tensors"), "module": tr("module"),
+            "optimizer state": tr("optimizer state"), "autograd graph": tr("autograd graph"),
+            "output cache": tr("output cache")}.get(kind, kind)
+
+
+def _consumer_lines(consumers: Any, indent: str = "    ") -> list[str]:
+    return [f"{indent}{c.name:<16}{_kind(c.kind):<18}{format_bytes(c.nbytes):>12}  {c.devices}" for c in consumers]
+
+
 def freed_text(f: FreedReport) -> str:
-    """What ``%vram free`` returned: one line per layer."""
+    """What ``%vram free`` returned: one line per layer, what it released and what still holds tensors."""
     lines = [tr("[vramlab] freed: host RSS {size}", size=format_bytes(f.host))]
     for d in f.devices:
         lines.append(f"  {d.id}: " + tr("allocated {allocated}, reserved {reserved}", allocated=format_bytes(d.allocated),
                                         reserved=format_bytes(d.reserved)))
     if f.cleared:
         lines.append("  " + tr("dropped: {what}", what=", ".join(f.cleared)))
+    if f.released:
+        lines.append("  " + tr("released (values kept: a graph is detached from its tensor, a cached output "
+                               "removed from Out):"))
+        lines.extend(_consumer_lines(f.released))
+    if f.kept:
+        lines.append("  " + tr("still held, and left alone (del the name, or opt.state.clear(), frees it):"))
+        lines.extend(_consumer_lines(f.kept[:8]))
+        if len(f.kept) > 8:
+            lines.append("    " + tr("and {n} more", n=len(f.kept) - 8))
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from ..model import CellRecord, Consumer, FreedDevice, FreedReport, OOMExplanati
 from ..reconcile import empty_provider_caches, snapshot
 from ..units import format_bytes, parse_size
 from .cells import batch_size_in
+from .holders import holders, release
 
 __all__ = ["OOMExplanation", "FreedReport", "is_oom", "drop_traceback", "parse_oom_message", "explain_oom",
            "free_last_error"]
@@ -105,45 +106,9 @@ def parse_oom_message(message: str) -> dict[str, Optional[int]]:
 
 
 def _live_consumers(ns: Optional[dict[str, Any]], limit: int = 5) -> list[Consumer]:
-    """The largest tensors, modules and optimizers named in ``ns`` (unique storages)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not ns:
-        return []
-    out: list[Consumer] = []
-    for name, obj in list(ns.items()):
-        if name.startswith("_"):
-            continue
-        tensors = []
-        try:
-            if isinstance(obj, torch.Tensor):
-                tensors = [obj]
-            elif isinstance(obj, torch.nn.Module):
-                tensors = list(obj.parameters()) + list(obj.buffers())
-                tensors += [p.grad for p in obj.parameters() if p.grad is not None]
-            elif isinstance(obj, torch.optim.Optimizer):
-                tensors = [v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-            elif isinstance(obj, (list, tuple)) and obj and all(isinstance(t, torch.Tensor) for t in obj[:64]):
-                tensors = list(obj)
-        except Exception:
-            continue
-        seen: set[int] = set()
-        total = 0
-        devices: set[str] = set()
-        for t in tensors:
-            try:
-                st = t.untyped_storage()
-                key = st.data_ptr()
-                if key in seen:
-                    continue
-                seen.add(key)
-                total += st.nbytes()
-                devices.add(str(t.device))
-            except Exception:
-                continue
-        if total:
-            out.append(Consumer(name, total, ", ".join(sorted(devices))))
-    out.sort(key=lambda c: -c.nbytes)
-    return out[:limit]
+    """The largest holders of tensors named in ``ns`` (:func:`vramlab.runtime.holders.holders`:
+    tensors, modules, optimizer state, autograd graphs, cached outputs)."""
+    return holders(ns)[:limit]
 
 
 class _FailedRun(NamedTuple):
@@ -231,6 +196,13 @@ def _from_two_runs(failed: _FailedRun, bs: int, seen: int, peak: int) -> Optiona
     It is the largest batch that can be shown to fit: a step whose whole peak grows with the
     batch (``fixed = 0``) meets both observations and does not fit one more.
 
+    **That proof is about allocated bytes, not about a card.** The caching allocator rounds
+    each request to blocks, takes segments of 2 or 20 MiB (or the request rounded to 2 MiB) and
+    splits them; what it reserves, and how its cache fragments, is not in proportion to the
+    batch. A batch derived this way has run out of memory from an empty card (a CNN on a 4 GiB
+    card: the rule gave 1180, the largest batch that runs is 1148). So ``fit`` is not advised:
+    :func:`explain_oom` advises ``seen``, which ran, and gives ``upper`` as the bound.
+
     When the budget is below the successful run's peak (the device has less room than that run
     used), a smaller batch would need a lower bound of the slope below ``seen``, and ``k_lo``
     is not one once the step is not one straight line; nothing is derived (``None``). Neither
@@ -291,12 +263,13 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
 
     The batch advice, best first (:attr:`~vramlab.model.OOMExplanation.batch_basis`):
 
-    - ``"two runs"``: the same cell fitted at a smaller batch: that run's peak gives a batch
-      that fits, the line ``fixed + k * batch`` (bytes) through its peak and what the failed run
-      needed an estimate of the largest, and the failed run an upper bound
-      (:func:`_from_two_runs` says why the batch fits);
+    - ``"two runs"``: the same cell fitted at a smaller batch: the largest such batch is the one
+      advised (it ran), the failed run gives an upper bound of the largest, and the line
+      ``fixed + k * batch`` (bytes) through the two an estimate of it (``batch_estimate``, not
+      advised: :func:`_from_two_runs` says why no batch between them is known to fit);
     - ``"this cell"``: only the failed cell's record: ``bs * budget // need``, an upper bound;
-    - ``"halving"``: the cell was not measured.
+      no batch is advised as one that fits;
+    - ``"halving"``: the cell was not measured: half the batch, as an unchecked first try.
     """
     msg = str(exc)
     f = parse_oom_message(msg)
@@ -330,42 +303,46 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
         if found:
             # every run that fitted gives a batch that fits and an upper bound: the largest of the
             # former fits, and the smallest of the latter bounds the largest batch
-            two = max(found, key=lambda t: t.fit)
+            two = max(found, key=lambda t: t.seen)
             two = two._replace(upper=min(t.upper for t in found))
             two = two._replace(line=min(two.line, two.upper))
     if bs is not None and failed is not None and two is not None:
-        fit_bs, upper, seen, estimate, basis = two.fit, two.upper, two.seen, two.line, "two runs"
+        # Only a batch that ran is advised as one that fits: the proportional rule of
+        # _from_two_runs holds for the bytes the cell allocates, not for what the caching
+        # allocator reserves around them (block rounding, segments, fragmentation are not in
+        # proportion to the batch), and vramlab cannot rerun the cell to check a batch between.
+        fit_bs, upper, seen, estimate, basis = two.seen, two.upper, two.seen, two.line, "two runs"
         suggestions.append(tr(
-            "batch size {bs} -> try {fit}, from two runs of this cell at batch {seen} and {bs}: at {seen} it "
-            "fitted with a peak of {peak}, at {bs} it needed at least {need}, and {budget} was available to it. "
-            "{fit} fits even if all of the peak at {seen} grew with the batch ({per} per sample); the largest "
-            "batch that fits is at most {upper}, and vramlab.find_max_batch_size finds it exactly", bs=bs,
-            fit=fit_bs, seen=seen, peak=format_bytes(two.peak), need=format_bytes(failed.need),
-            budget=format_bytes(failed.budget_lo), per=format_bytes(two.peak / seen), upper=upper))
-        # The line through the two runs is kept as ``batch_estimate`` but not advised: the run at
-        # ``bs`` stopped before its peak, and where the peak moves with the batch (optimizer step,
-        # then backward) the line overshoots the limit (see _from_two_runs).
+            "batch size {bs} -> {seen} fits: this cell ran at batch {seen} (peak {peak}); the largest batch that "
+            "fits is at most {upper}: at {bs} it needed at least {need}, and {budget} was available to it. A batch "
+            "between them is not advised, because vramlab cannot check it without running the step: the caching "
+            "allocator's rounding and fragmentation do not grow in proportion to the batch. "
+            "vramlab.find_max_batch_size(step, start={seen}) runs each trial on a virtual card and finds the "
+            "largest exactly", bs=bs, seen=seen, peak=format_bytes(two.peak), need=format_bytes(failed.need),
+            budget=format_bytes(failed.budget_lo), upper=upper))
     elif bs is not None and failed is not None:
         # the cell's own growth is known: it wanted at least ``need`` and had at most ``budget_hi``.
         # If memory grew in proportion to the batch, bs * budget / need would be the limit; whatever
-        # does not grow with the batch makes the true limit lower, so it is an upper bound.
-        fit_bs = upper = min(max(int(bs * failed.budget_hi // failed.need), 0), bs - 1)
+        # does not grow with the batch makes the true limit lower, so it is an upper bound, and no
+        # batch is known to fit.
+        upper = min(max(int(bs * failed.budget_hi // failed.need), 0), bs - 1)
         basis = "this cell"
         suggestions.append(tr(
             "batch size {bs} -> at most {fit}, an upper bound from this cell alone: it wanted at least {need} "
             "({per} per sample, as if all of it grew with the batch) and {budget} was available to it; what "
-            "does not grow with the batch (weights, optimizer state) makes the true limit lower. Run the cell "
-            "once at a smaller batch that fits and vramlab derives a batch that fits from the two runs; "
-            "vramlab.find_max_batch_size finds the largest exactly", bs=bs, fit=fit_bs,
+            "does not grow with the batch (weights, optimizer state) makes the true limit lower, so no batch is "
+            "known to fit. Run the cell once at a smaller batch that fits and vramlab names it with a tighter "
+            "bound; vramlab.find_max_batch_size finds the largest exactly", bs=bs, fit=upper,
             need=format_bytes(failed.need), per=format_bytes(failed.need / bs), budget=format_bytes(failed.budget_hi)))
     elif bs is not None and bs > 1:
         # without the cell's own measurement, the failed request says nothing about the rest of
-        # the step: no batch can be derived, only halving advised
+        # the step: no batch can be derived, only halving tried
         basis = "halving"
+        upper = bs - 1
         suggestions.append(tr(
-            "batch size {bs} -> try {half}: vramlab did not measure this cell (%vram auto on, or %%vram, "
-            "does), so only halving can be advised; vramlab.find_max_batch_size finds the largest batch "
-            "that fits", bs=bs, half=bs // 2))
+            "batch size {bs} -> try {half}, a first guess that vramlab has not checked: it did not measure this "
+            "cell (%vram auto on, or %%vram, does), so only halving can be advised; vramlab.find_max_batch_size "
+            "finds the largest batch that fits", bs=bs, half=bs // 2))
     elif requested is not None and free is not None and requested > 0:
         suggestions.append(tr("shrink what this step holds at once (the batch) to at most {pct}% of the failed "
                               "request's size", pct=f"{100.0 * free / requested:.0f}"))
@@ -385,13 +362,18 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
                           batch_basis=basis, batch_upper_bound=upper, batch_seen=seen, batch_estimate=estimate)
 
 
-def free_last_error(shell: Any = None) -> FreedReport:
-    """Drop the last exception and everything its frames keep alive, collect, empty the cache.
+def free_last_error(shell: Any = None, user_ns: Optional[dict[str, Any]] = None) -> FreedReport:
+    """Drop the last exception and everything its frames keep alive, and what the namespace
+    holds without a value the user keeps; collect; empty the cache.
 
     Clears ``sys.last_value``/``last_traceback``/``last_type`` (and ``last_exc``),
     the locals of every frame in the traceback and its chained exceptions, IPython's
-    copy of the last traceback, then runs ``gc.collect()`` and, where torch has
-    initialised CUDA, ``torch.cuda.empty_cache()`` (and an active virtual GPU's ``empty_cache()``).
+    copy of the last traceback; then, in ``user_ns`` (default: the shell's), detaches the
+    autograd graph of every tensor that keeps one (a ``loss``: its value stays) and removes the
+    cached outputs that hold tensors (:func:`vramlab.runtime.holders.release`); then runs
+    ``gc.collect()`` and, where torch has initialised CUDA, ``torch.cuda.empty_cache()`` (and an
+    active virtual GPU's ``empty_cache()``). The report names what was released and what still
+    holds tensors (modules, optimizer state, tensors: the user's, left alone).
     """
     before = snapshot()
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
@@ -409,6 +391,9 @@ def free_last_error(shell: Any = None) -> FreedReport:
                 obj.tb = None
                 cleared.append(f"{holder}.tb")
     del exc, tb
+    if user_ns is None and shell is not None:
+        user_ns = getattr(shell, "user_ns", None)
+    released = release(user_ns, shell)
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -428,4 +413,4 @@ def free_last_error(shell: Any = None) -> FreedReport:
         devs.append(FreedDevice(d.id, (p.torch_allocated or 0) - (d.torch_allocated or 0),
                                 (p.torch_reserved or 0) - (d.torch_reserved or 0)))
     return FreedReport(host=before.host.process_rss - after.host.process_rss, devices=tuple(devs),
-                       cleared=tuple(cleared))
+                       cleared=tuple(cleared), released=tuple(released), kept=tuple(holders(user_ns)))

@@ -97,6 +97,9 @@ _MHA_FORWARD: Any = F.multi_head_attention_forward
 _NATIVE_MHA = torch._native_multi_head_attention
 _ENCODER_LAYER = torch._transformer_encoder_layer_fwd
 _DROPOUTS = (F.dropout, torch.dropout)
+#: The calls that run the autograd engine; they dispatch themselves to a TorchFunctionMode
+#: (``has_torch_function``), which pops it while it handles them.
+_BACKWARDS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 _MATMUL_NAMES = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "linear", "einsum",
                            "__matmul__", "__rmatmul__", "tensordot", "chain_matmul", "inner", "outer", "dot"})
 
@@ -326,6 +329,8 @@ class CudaKernels(TorchFunctionMode):
             return self._native_mha(args, kwargs)
         if func is _ENCODER_LAYER:
             return self._encoder_layer(args, kwargs)
+        if func in _BACKWARDS:
+            return self._backward(func, args, kwargs)
         if self.workspace is None and getattr(func, "__name__", "") in _MATMUL_NAMES:
             self._cublas_workspace()
         if func is _MHA_FORWARD:
@@ -340,6 +345,25 @@ class CudaKernels(TorchFunctionMode):
             finally:
                 torch.overrides._pop_mode()
         return func(*args, **kwargs)
+
+    def _backward(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``loss.backward()``, ``torch.autograd.backward``/``grad`` with this mode pushed again.
+
+        The autograd engine runs the backward graph under the thread-local state of the call, mode
+        stack included, and this mode is popped while its ``__torch_function__`` runs: without
+        this, whatever Python runs inside backward ran on the CPU's kernels. Above all the
+        recomputation of ``torch.utils.checkpoint``, which then took the CPU's dropout and
+        attention, saved other tensors than the forward did, and failed its check
+        (``CheckpointError``) on every GPU preset. The function runs without its own
+        ``has_torch_function`` checks (:func:`_transparent`), else it would dispatch to the mode
+        again; a tensor subclass with a ``__torch_function__`` of its own gets torch's path."""
+        if any(_own_torch_function(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+            return func(*args, **kwargs)
+        torch.overrides._push_mode(self)
+        try:
+            return _transparent(func)(*args, **kwargs)
+        finally:
+            torch.overrides._pop_mode()
 
     def _cublas_workspace(self) -> None:
         self.workspace = torch.empty(cublas_workspace_size(self.cc), dtype=torch.uint8)
@@ -584,7 +608,9 @@ class _FusedAttention(torch.autograd.Function):
         pad: int = ctx.pad
         q, k, v = ((t[..., : c.d] for t in (qs, ks, vs)) if pad else (qs, ks, vs))
         ledger: Ledger = ctx.ledger
-        with ledger.paused():
+        # The values, on the CPU's kernel: torch function off, since backward now runs under
+        # CudaKernels (CudaKernels._backward), which would reroute this call to this class again.
+        with ledger.paused(), torch._C.DisableTorchFunction():
             with torch.random.fork_rng(devices=[]):
                 if ctx.rng is not None:
                     torch.set_rng_state(ctx.rng)
