@@ -56,6 +56,7 @@ __all__ = [
     "host_layers",
     "register_device_provider",
     "unregister_device_provider",
+    "take_departed_devices",
     "reset_provider_peaks",
     "DEVICE_LAYERS",
     "HOST_LAYERS",
@@ -158,6 +159,10 @@ DeviceProvider = Callable[[], "list[DeviceSnapshot]"]
 _PROVIDERS: dict[DeviceProvider, Optional[Callable[[], None]]] = {}
 _CACHE_EMPTIERS: dict[DeviceProvider, Callable[[], None]] = {}
 _PROVIDERS_LOCK = threading.Lock()
+#: the last readings of providers that left (a virtual GPU whose context closed), for the
+#: per-cell record of the cell it was entered and left in; bounded
+_DEPARTED: "list[DeviceSnapshot]" = []
+_DEPARTED_MAX = 16
 
 
 def register_device_provider(fn: DeviceProvider, reset_peak: Optional[Callable[[], None]] = None,
@@ -178,11 +183,26 @@ def register_device_provider(fn: DeviceProvider, reset_peak: Optional[Callable[[
             _CACHE_EMPTIERS[fn] = empty_cache
 
 
-def unregister_device_provider(fn: DeviceProvider) -> None:
-    """Remove a device source added by :func:`register_device_provider`."""
+def unregister_device_provider(fn: DeviceProvider, last: "Optional[list[DeviceSnapshot]]" = None) -> None:
+    """Remove a device source added by :func:`register_device_provider`. ``last``: its devices'
+    last readings, kept for :func:`take_departed_devices` (a virtual GPU entered and left inside
+    one cell is then measured by that cell's record)."""
     with _PROVIDERS_LOCK:
+        known = fn in _PROVIDERS
         _PROVIDERS.pop(fn, None)
         _CACHE_EMPTIERS.pop(fn, None)
+        if known and last:
+            _DEPARTED.extend(last)
+            del _DEPARTED[:-_DEPARTED_MAX]
+
+
+def take_departed_devices() -> "list[DeviceSnapshot]":
+    """The last readings of the devices whose providers left since the previous call, oldest
+    first, and forget them."""
+    with _PROVIDERS_LOCK:
+        out = list(_DEPARTED)
+        _DEPARTED.clear()
+    return out
 
 
 def empty_provider_caches() -> None:

@@ -550,3 +550,38 @@ def test_watch_shows_the_monitors_name_in_the_notebooks_language(ip, speak):
     cap = _watch_then_stop(ip)
     assert cap.outputs[0].data["text/plain"] == "<monitor do vramlab>"
     assert "o monitor ao vivo é um widget do Jupyter" in cap.stdout and "python -m vramlab --watch 1" in cap.stdout
+
+
+def test_a_virtual_card_entered_inside_the_cell_is_measured_by_its_record(ip, monkeypatch):
+    """The documented way: ``with VirtualGPU(...):`` inside the cell. The card has left when the
+    record ends; its last reading stands for the cell's end, so the cell is measured like any
+    other: no "did not measure this cell", and an OOM gets the two-runs advice."""
+    import collections
+    import re
+
+    from vramlab.runtime.records import get_recorder
+
+    monkeypatch.setattr(get_recorder(), "history", collections.deque(maxlen=get_recorder().history.maxlen))
+    ip.run_line_magic("load_ext", "vramlab")
+    setup = _SETUP_TWO_RUNS.replace('gpu = VirtualGPU("512MiB").__enter__()', "")
+    assert ip.run_cell(setup).success
+    cell = 'with VirtualGPU("512MiB"):\n    batch_size = {b}\n    step(batch_size)\n'
+    try:
+        with capture_output():
+            ip.run_line_magic("vram", "auto on")
+            assert ip.run_cell(cell.format(b=512), store_history=True).success
+        import vramlab
+
+        ok = vramlab.last()
+        dev = [d for d in ok.devices if d.id.startswith("virtual")]
+        assert dev and dev[0].peak_allocated and dev[0].peak_allocated > 100 * 2**20, ok
+        with capture_output() as cap:
+            r = ip.run_cell(cell.format(b=4096), store_history=True)
+        assert not r.success and type(r.error_in_exec).__name__ == "OutOfMemoryError"
+        text = "\n".join(o.data["text/plain"] for o in cap.outputs)
+        assert "did not measure this cell" not in text, text
+        assert re.search(r"batch size 4096 -> 512 fits: this cell ran at batch 512", text), text
+    finally:
+        with capture_output():
+            ip.run_line_magic("vram", "auto off")
+            ip.run_line_magic("vram", "free")

@@ -199,8 +199,9 @@ def _from_two_runs(failed: _FailedRun, bs: int, seen: int, peak: int) -> Optiona
     **That proof is about allocated bytes, not about a card.** The caching allocator rounds
     each request to blocks, takes segments of 2 or 20 MiB (or the request rounded to 2 MiB) and
     splits them; what it reserves, and how its cache fragments, is not in proportion to the
-    batch. A batch derived this way has run out of memory from an empty card (a CNN on a 4 GiB
-    card: the rule gave 1180, the largest batch that runs is 1148). So ``fit`` is not advised:
+    batch. A batch derived this way has run out of memory from an empty card (this round's
+    newcomer review: a CNN on a 4 GiB card, where the rule gave 1180 and the largest batch that
+    runs is 1148). So ``fit`` is not advised:
     :func:`explain_oom` advises ``seen``, which ran, and gives ``upper`` as the bound.
 
     When the budget is below the successful run's peak (the device has less room than that run

@@ -24,13 +24,14 @@ All sizes are in bytes, times in seconds.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from typing import Deque, NamedTuple, Optional
 
-from ..model import CellRecord, DeviceDelta, HostDelta, Snapshot
+from ..model import CellRecord, DeviceDelta, DeviceSnapshot, HostDelta, Snapshot
 from ..probes.host import reset_peak_rss
 from ..probes.torch_alloc import reset_peaks
-from ..reconcile import reset_provider_peaks, snapshot
+from ..reconcile import reset_provider_peaks, snapshot, take_departed_devices
 
 __all__ = ["Recorder", "RecordToken", "get_recorder", "HISTORY_SIZE"]
 
@@ -83,6 +84,7 @@ class Recorder:
         host_reset = False
         if not keep:
             host_reset = _reset_all_peaks()
+        take_departed_devices()  # cards left before this cell are not its own
         snap = _read(want_uss)  # right after the reset: the peaks now equal the current figures
         return RecordToken(snap, time.time(), time.perf_counter(), execution_count, keep, host_reset, want_uss)
 
@@ -126,7 +128,19 @@ class Recorder:
         )
         before = {d.id: d for d in s0.devices}
         devices = []
-        for d1 in s1.devices:
+        # a virtual card entered and left inside the cell (``with VirtualGPU(...):``, the
+        # documented way) is no longer in the snapshot: its last reading stands for its end,
+        # with the highest peak it reached (it may have been entered more than once)
+        now = {d.id for d in s1.devices}
+        gone: dict[str, DeviceSnapshot] = {}
+        for d in take_departed_devices():
+            if d.id in now:
+                continue
+            prev = gone.get(d.id)
+            if prev is not None and (prev.torch_peak_allocated or 0) > (d.torch_peak_allocated or 0):
+                d = dataclasses.replace(d, torch_peak_allocated=prev.torch_peak_allocated)
+            gone[d.id] = d
+        for d1 in list(s1.devices) + list(gone.values()):
             d0 = before.get(d1.id)
             # torch's counters began during the cell (the first cell that creates a CUDA
             # context, or a device that appeared): they started from 0, and their peak is the cell's

@@ -746,7 +746,13 @@ class VirtualGPU:
 
     def _teardown(self) -> None:
         global _ACTIVE
-        unregister_device_provider(self._provider)
+        last = None
+        if self._active:
+            try:  # the last reading, for the record of the cell that entered and left this card
+                last = self._devices()
+            except Exception:
+                last = None
+        unregister_device_provider(self._provider, last)
         if self._active:
             self._acct.__exit__(None, None, None)
         self._active = False
