@@ -104,3 +104,18 @@ def test_vram_free_releases_the_graph_that_loss_holds_after_an_oom_in_backward(t
     # what the device gave back is at least the graph's saved activations (4 x 16 MiB of x's
     # activations through four layers) and the cached output
     assert freed >= graph_bytes + 4 * 2**20, (freed, graph_bytes, report)
+
+
+@pytest.mark.slow
+def test_the_batch_finder_shows_a_progress_bar_in_a_notebook(tmp_path):
+    cells = _run(tmp_path, ["import vramlab\n"
+                            "def step(b):\n"
+                            "    import torch\n"
+                            "    torch.empty(b, 1024, 1024)\n"
+                            "r = vramlab.find_max_batch_size(step, device='64MiB', limit=256)\n"
+                            "print(r.max_batch_size)"])
+    assert not _errors(cells[0]), _text(cells[0])
+    kinds = [o.output_type for o in cells[0].outputs]
+    views = [o for o in cells[0].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert views, kinds
+    assert _text(cells[0]).strip().endswith("16")  # 4 MiB a sample on a 64 MiB card

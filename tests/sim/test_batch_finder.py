@@ -286,3 +286,28 @@ def test_the_default_limit_note_speaks_portuguese():
     assert r.notes == ("parou no limite padrão de 1048576: todo batch tentado coube, então talvez o passo não "
                        "cresça com o tamanho do batch; passe limit= para buscar além dele (por exemplo, "
                        "limit=16777216)",)
+
+
+def test_the_table_renders_in_a_notebook_and_stays_a_list_of_rows():
+    r = find_max_batch_size(closed_form_step, device="T4", limit=4)
+    rows = r.table()
+    assert isinstance(rows, list) and rows == [{"batch": b, "fits": True, "peak": rows[i]["peak"]}
+                                               for i, b in enumerate((1, 2, 4))]
+    html_table = rows._repr_html_()
+    assert html_table.count("<tr>") == 4 and "<th>batch</th>" in html_table
+    assert str(rows).splitlines()[1].split()[:3] == ["1", "1", "yes"]
+
+
+def test_progress_is_a_line_per_trial_on_stderr_when_asked(capsys):
+    r = find_max_batch_size(closed_form_step, device="T4", limit=8, progress=True)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == r.num_trials + 1
+    assert err[0].startswith("[vramlab] trial 1: batch 1 fits")
+    assert err[-1] == f"[vramlab] max batch size {r.max_batch_size} after {r.num_trials} trials"
+
+
+def test_no_progress_when_not_asked_and_not_on_a_terminal(capsys):
+    find_max_batch_size(closed_form_step, device="T4", limit=8)
+    assert capsys.readouterr().err == ""
+    find_max_batch_size(closed_form_step, device="T4", limit=8, progress=False)
+    assert capsys.readouterr().err == ""

@@ -339,3 +339,19 @@ def freed_text(f: FreedReport) -> str:
         if len(f.kept) > 8:
             lines.append("    " + tr("and {n} more", n=len(f.kept) - 8))
     return "\n".join(lines)
+
+
+def trial_line(n: int, batch: int, fits: bool, peak: Optional[int], lo: int, hi: Optional[int]) -> str:
+    """One line of a batch search's progress: trial ``n`` and what is known of the largest batch
+    (``lo``: the largest that fitted, ``hi``: the smallest that did not)."""
+    outcome = tr("fits") if fits else "OOM"
+    known = tr("the largest is in [{lo}, {hi})", lo=lo, hi=hi) if hi is not None else \
+        tr("the largest is at least {lo}", lo=lo)
+    peak_text = tr("n/a") if peak is None else format_bytes(peak)
+    return tr("[vramlab] trial {n}: batch {batch} {outcome} (peak {peak}); {known}", n=n, batch=batch,
+              outcome=outcome, peak=peak_text, known=known)
+
+
+def search_done_line(best: int, trials: int) -> str:
+    """The last line of a batch search's progress."""
+    return tr("[vramlab] max batch size {n} after {trials} trials", n=best, trials=trials)

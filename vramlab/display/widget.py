@@ -582,3 +582,44 @@ def _stopped_reason(reason: str) -> str:
     if m:
         return _html.escape(tr("stopped after {n} failed readings: {error}", n=m.group(1), error=m.group(2)))
     return _html.escape(reason)
+
+
+class TrialProgress:
+    """A search's progress in a notebook: a bar (trials run against trials run plus those left at
+    most) and the last trial's line (:func:`vramlab.display.text.trial_line`). Never raises: a
+    frontend that cannot show it leaves the search as it was."""
+
+    def __init__(self) -> None:
+        from IPython.display import display
+
+        self.bar = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="16em"))
+        self.label = widgets.HTML()
+        display(widgets.HBox([self.bar, self.label]))
+
+    def update(self, line: str, done: int, left: int) -> None:
+        """``done`` trials run, at most ``left`` to go."""
+        try:
+            self.bar.max = max(done + left, 1)
+            self.bar.value = done
+            self.label.value = _html.escape(line)
+        except Exception:
+            pass
+
+    def close(self, line: str) -> None:
+        try:
+            self.bar.max = max(self.bar.value, 1)
+            self.bar.value = self.bar.max
+            self.bar.bar_style = "success"
+            self.label.value = _html.escape(line)
+        except Exception:
+            pass
+
+
+def trial_progress() -> Optional[TrialProgress]:
+    """A :class:`TrialProgress` shown in this notebook, or ``None`` outside a Jupyter kernel."""
+    if not _in_kernel():
+        return None
+    try:
+        return TrialProgress()
+    except Exception:
+        return None

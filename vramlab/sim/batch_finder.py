@@ -30,12 +30,15 @@ All sizes are in bytes.
 from __future__ import annotations
 
 import gc
+import math
+import sys
 import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from ..i18n import tr
 from ..runtime.oom import drop_traceback, is_oom
+from ..display.text import search_done_line, trial_line
 from ..units import format_bytes
 
 __all__ = ["BatchSearch", "Trial", "find_max_batch_size", "DEFAULT_LIMIT"]
@@ -56,6 +59,30 @@ class Trial:
     batch: int
     fits: bool
     peak: Optional[int]
+
+
+class TrialTable(list):
+    """A batch search's trials as rows (dicts: ``batch``, ``fits``, ``peak`` in bytes) that
+    render as a table in a notebook and as text elsewhere."""
+
+    def _rows(self) -> list[tuple[str, str, str, str]]:
+        yes, na = tr("yes"), tr("n/a")
+        return [(str(i), str(r["batch"]), yes if r["fits"] else "OOM", na if r["peak"] is None else format_bytes(r["peak"]))
+                for i, r in enumerate(self, 1)]
+
+    def __str__(self) -> str:
+        head = ("#", tr("batch"), tr("fits"), tr("peak"))
+        lines = [f"{head[0]:>3}  {head[1]:>9}  {head[2]:<4}  {head[3]:>12}"]
+        lines += [f"{a:>3}  {b:>9}  {c:<4}  {d:>12}" for a, b, c, d in self._rows()]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in ("#", tr("batch"), tr("fits"), tr("peak")))
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self._rows())
+        return f"<table class='vramlab-trials'><tr>{head}</tr>{rows}</table>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
 
 
 @dataclass(frozen=True)
@@ -86,9 +113,10 @@ class BatchSearch:
         """How many trials were run."""
         return len(self.trials)
 
-    def table(self) -> list[dict[str, Any]]:
-        """The trials as rows: ``{"batch", "fits", "peak"}`` (peak in bytes)."""
-        return [{"batch": t.batch, "fits": t.fits, "peak": t.peak} for t in self.trials]
+    def table(self) -> "TrialTable":
+        """The trials as rows: ``{"batch", "fits", "peak"}`` (peak in bytes), a list that a
+        notebook shows as a table (and ``pandas.DataFrame(search.table())`` takes as it is)."""
+        return TrialTable({"batch": t.batch, "fits": t.fits, "peak": t.peak} for t in self.trials)
 
     def text(self) -> str:
         """A plain-text table."""
@@ -231,6 +259,59 @@ def _attempt(fn: Callable[[], Any]) -> bool:
     return True
 
 
+class _Progress:
+    """Where a search reports its trials: a notebook's bar, stderr's lines, or nowhere."""
+
+    def __init__(self, wanted: Optional[bool], limit: int) -> None:
+        self.limit = limit
+        self.bar: Any = None
+        self.lines = False
+        if wanted is False:
+            return
+        from ..display.widget import trial_progress
+
+        self.bar = trial_progress()
+        if self.bar is None:
+            try:
+                self.lines = bool(wanted) or sys.stderr.isatty()
+            except Exception:
+                self.lines = bool(wanted)
+
+    def trial(self, trials: list[Trial]) -> None:
+        if self.bar is None and not self.lines:
+            return
+        t = trials[-1]
+        lo = max((x.batch for x in trials if x.fits), default=0)
+        hi = min((x.batch for x in trials if not x.fits), default=None)
+        if hi is None:  # still doubling: the doublings to the limit, then a bisection of the last step
+            steps = max(math.ceil(math.log2(self.limit / max(lo, 1))), 0)
+            left = steps + (math.ceil(math.log2(max(lo, 2))) if steps else 0)
+        else:
+            left = math.ceil(math.log2(hi - lo)) if hi - lo > 1 else 0
+        line = trial_line(len(trials), t.batch, t.fits, t.peak, lo, hi)
+        self._say(line, len(trials), left)
+
+    def done(self, best: int, n: int) -> None:
+        line = search_done_line(best, n)
+        if self.bar is not None:
+            self.bar.close(line)
+        elif self.lines:
+            self._print(line)
+
+    def _say(self, line: str, done: int, left: int) -> None:
+        if self.bar is not None:
+            self.bar.update(line, done, left)
+        else:
+            self._print(line)
+
+    @staticmethod
+    def _print(line: str) -> None:
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
 def _search(trial: Callable[[int], bool], start: int, limit: int) -> tuple[int, Optional[int], bool]:
     """Doubling then bisection; returns (largest fit or 0, smallest OOM or None, capped).
 
@@ -259,7 +340,8 @@ def _search(trial: Callable[[int], bool], start: int, limit: int) -> tuple[int, 
 
 
 def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit: Optional[int] = None,
-                        device: Union[None, str, int, Any] = None, values: Optional[bool] = None) -> BatchSearch:
+                        device: Union[None, str, int, Any] = None, values: Optional[bool] = None,
+                        progress: Optional[bool] = None) -> BatchSearch:
     """The largest batch size for which ``step_fn(batch_size)`` runs without running out of memory.
 
     Args:
@@ -281,6 +363,9 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
             else ``values=False``, shapes and memory only, so that a card larger than the host is
             searched as :func:`~vramlab.estimate` counts it (a note says so; a step that reads a
             value then raises :class:`~vramlab.sim.virtual_gpu.ValuesNotComputedError`).
+        progress: report each trial as it ends: in a notebook a progress bar with the last
+            trial's line, elsewhere a line per trial on stderr. ``None``: in a notebook, or when
+            stderr is a terminal; ``False``: never.
 
     Returns:
         A :class:`BatchSearch`: ``max_batch_size`` and the trials (batch, fits, peak).
@@ -300,11 +385,13 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
         limit = max(DEFAULT_LIMIT, start)
     runner = _Runner(device, values)
     trials: list[Trial] = []
+    report = _Progress(progress, limit)
 
     def trial(b: int) -> bool:
         fits, peak = runner.run(step_fn, b)
         runner.cleanup()  # the exception and its traceback are already gone
         trials.append(Trial(b, fits, peak))
+        report.trial(trials)
         return fits
 
     # Everything alive now survives the search: collect once, then freeze it out of the
@@ -317,6 +404,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
         lo, hi, capped = _search(trial, start, limit)
     finally:
         gc.unfreeze()
+    report.done(lo, len(trials))
     notes = []
     if runner.host is not None:
         notes.append(tr("the trials ran with values=False (shapes and memory, no values): the card's {budget} does "
