@@ -123,3 +123,22 @@ def test_each_rank_of_a_data_parallel_step_is_judged_at_the_card_s_limit():
             assert e.peak_reserved <= e.budget
             break
     assert True in verdicts, "no card below the unbounded reserved peak holds the step: the cache is never emptied"
+
+
+def _masked_loss(out, y):
+    keep = (y != 0).nonzero().squeeze(1)  # a shape that depends on the labels' values
+    return torch.nn.functional.cross_entropy(out[keep], y[keep])
+
+
+def test_a_step_that_needs_values_gets_one_clear_error_and_the_way_through_runs():
+    from vramlab.sim.estimate import StepNeedsValuesError
+
+    kw = dict(build_model=lambda: torch.nn.Linear(64, 4), make_batch=lambda b: (torch.randn(b, 64),
+                                                                                  torch.randint(0, 4, (b,))),
+              batch_size=32, optimizer="adam", loss_fn=_masked_loss, device="T4")
+    with pytest.raises(StepNeedsValuesError, match="nonzero") as info:
+        estimate(**kw)
+    assert info.value.__cause__ is None and info.value.__suppress_context__, "one message, no chained traceback"
+    assert "vramlab.sim.measure" in str(info.value)
+    m = measure(**kw)  # the way the message names: real values on a virtual T4
+    assert m.fits and m.peak > 0

@@ -474,7 +474,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     def run(model: nn.Module, books: Optional[CachingAllocator]) -> tuple[Ledger, int, Any]:
         ckpt = checkpoint_modules(model, checkpoint)
         apply_checkpoint(ckpt)
-        acct = Ledger(None, round_blocks=rb, fake=True, allocator=books)
+        acct = Ledger(None, round_blocks=rb, fake=True, allocator=books, no_values=_no_values)
         if books is card:
             acct.on_oom = refuse
         hooks = LedgerHooks(acct)
@@ -516,6 +516,26 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
                          prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=nck,
                          limit=None if card is None else (refused is None, refused))
+
+
+class StepNeedsValuesError(ValueError):
+    """The step needs tensor values, and :func:`estimate` runs it on fake tensors (shapes and
+    memory, no values): a data-dependent shape (``nonzero``, boolean-mask indexing,
+    ``unique``) or a read (``.item()``, ``if loss > x``). ``op``: the operator's name."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        super().__init__(
+            f"{op} needs tensor values (a value-dependent shape such as nonzero or boolean-mask indexing, or "
+            f"a read such as .item()), and estimate() runs the step on fake tensors, which have shapes and "
+            f"memory but no values. Either run the step for real on a virtual card with "
+            f"vramlab.sim.measure(...) (the same arguments: real tensors, so the card must fit this machine's "
+            f"RAM), or make its shapes independent of the values (a multiplication by the mask, torch.where, "
+            f"instead of indexing with it).")
+
+
+def _no_values(func: Any, error: BaseException) -> BaseException:
+    return StepNeedsValuesError(str(getattr(func, "__name__", func)))
 
 
 def _card_books(conf: Optional[AllocConf], tgt: "Target") -> Optional[CachingAllocator]:
@@ -585,7 +605,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     def run_rank(r: int, books: Optional[CachingAllocator]) -> tuple[ShardLedger, Any, Any, int]:
         nonlocal params
         model = build_on_meta(build_model, plan.model_dtype)  # built and cast before the fake mode and the ledger
-        acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=books)
+        acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=books, no_values=_no_values)
         if books is not None and books is card:
             acct.on_oom = refuse
         hooks = LedgerHooks(acct)
