@@ -56,7 +56,7 @@ from .allocator import AllocConf, CachingAllocator  # noqa: E402
 from .kernels import CudaKernels  # noqa: E402
 from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storage_resize  # noqa: E402
 from .precision import LossScaler, MasterWeights, Precision, resolve_precision  # noqa: E402
-from .presets import get_preset  # noqa: E402
+from .presets import CONTEXT_FIGURES, get_preset  # noqa: E402
 from .ranks import check_world_size, fake_process_group  # noqa: E402
 from .step import (OPTIMIZERS, apply_checkpoint, build_on_meta, check_args, checkpoint_modules,  # noqa: E402
                    count_params, init_parameters, make_optimizer, materialize, run_steps)
@@ -305,6 +305,7 @@ class Target:
     cuda_like: bool
     allocator: str = "exact"
     cc: Optional[tuple[int, int]] = None  # a preset's compute capability: CUDA's kernels (sim.kernels)
+    published_context: bool = False  # the context is a published figure for the card (presets.CONTEXT_FIGURES)
 
     def kernels(self, acct: Ledger) -> Any:
         """The context that makes ``acct`` hold what CUDA's kernels hold on this card
@@ -339,7 +340,8 @@ def target(device: Any) -> Target:
                 raise ValueError(f"{size_error}; device is a size such as '24GiB', bytes or a GPU preset name "
                                  "such as 'T4'") from None
             raise ValueError(f"device {device!r} is neither a size (e.g. '24GiB') nor a GPU preset: {e}") from None
-        return Target(p.name, p.memory, p.context_overhead, True, "caching", p.compute_capability)
+        return Target(p.name, p.memory, p.context_overhead, True, "caching", p.compute_capability,
+                      published_context=p.name in CONTEXT_FIGURES)
     return Target(format_bytes(cap), cap, 0, False)
 
 
@@ -353,7 +355,10 @@ def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, 
     card's limit (the verdict is then its own: ``acct`` is that run's books when it fitted,
     else an unbounded run's, for what the step needs)."""
     budget = None if tgt.capacity is None else tgt.capacity - tgt.context
-    if tgt.context:
+    if tgt.context and tgt.published_context:
+        notes.append(tr("{context} set aside for the CUDA context (a figure published for this card under torch 2.x; "
+                        "vramlab.sim.presets.CONTEXT_FIGURES cites it)", context=format_bytes(tgt.context)))
+    elif tgt.context:
         notes.append(tr("{context} set aside for the CUDA context (an assumed figure)", context=format_bytes(tgt.context)))
     extra: dict[str, Any] = {}
     if parallel is not None:

@@ -31,20 +31,20 @@ This module does not import torch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["GPUPreset", "GPU_PRESETS", "COMPUTE_CAPABILITY", "CUDA_CONTEXT_OVERHEAD", "get_preset", "preset_names"]
+__all__ = ["GPUPreset", "GPU_PRESETS", "COMPUTE_CAPABILITY", "CONTEXT_FIGURES", "CUDA_CONTEXT_OVERHEAD", "get_preset", "preset_names"]
 
 GiB = 2**30
 MiB = 2**20
 GB = 10**9
 
-#: Bytes a CUDA context takes on the card before any tensor: the driver's context, the
-#: kernels of torch's CUDA libraries loaded lazily, the cuBLAS workspace. This is an
-#: **assumption** (a typical figure for torch 2.x with CUDA 12 and lazy module loading is
-#: 300 to 600 MiB, depending on the GPU and the libraries used) until the GPU self-check
-#: measures it on the card in use: NVML's figure for the process minus torch's reserved
-#: bytes after the first kernel ran.
+#: Bytes a CUDA context takes on the card before any tensor, for a card without a published
+#: figure (:data:`CONTEXT_FIGURES`): the driver's context and the kernels of torch's CUDA
+#: libraries loaded lazily. This is an **assumption** (published figures for torch 2.x with
+#: lazy module loading span about 250 to 550 MiB, depending on the GPU) until the GPU
+#: self-check measures it on the card in use: NVML's figure for the process minus torch's
+#: reserved bytes after the first kernel ran.
 CUDA_CONTEXT_OVERHEAD = 512 * 2**20
 
 
@@ -59,7 +59,10 @@ class GPUPreset:
         bandwidth: memory bandwidth in bytes per second.
         host_link: how the GPU reaches host memory (``"PCIe 4.0 x16"``, ``"NVLink-C2C"``).
         host_link_bandwidth: that link's bandwidth per direction, bytes per second.
-        context_overhead: bytes modelled for the CUDA context (:data:`CUDA_CONTEXT_OVERHEAD`).
+        context_overhead: bytes modelled for the CUDA context: a published figure for the card
+            under torch 2.x with lazy module loading where one was found (:data:`CONTEXT_FIGURES`),
+            else :data:`CUDA_CONTEXT_OVERHEAD`, an assumption.
+        context_source: where ``context_overhead`` comes from (a citation, or "assumed").
         aliases: other names it is found by.
         source: the datasheet the bandwidth and link figures come from.
         datasheet_memory: the datasheet's memory size, bytes (``memory`` when 0).
@@ -74,6 +77,7 @@ class GPUPreset:
     host_link_bandwidth: int
     context_overhead: int = CUDA_CONTEXT_OVERHEAD
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    context_source: str = ""
     source: str = ""
     datasheet_memory: int = 0
     memory_source: str = ""
@@ -219,6 +223,34 @@ for _p in GPU_PRESETS:
 def preset_names() -> list[str]:
     """The canonical preset names, in table order."""
     return [p.name for p in GPU_PRESETS]
+
+
+#: The CUDA context per card where a figure measured under torch 2.x with lazy module loading
+#: (torch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13, pytorch/pytorch#86509) was published:
+#: the memory a process holds on the card before its first tensor, bytes. Eager loading, as in
+#: older figures (1343 MB on a V100 with CUDA 11.2, Hugging Face's "model memory anatomy"),
+#: takes about twice as much and is not used. The cuBLAS workspace is not in these: it is
+#: counted as the kernels take it (:mod:`vramlab.sim.kernels`). Cards of one chip share a figure
+#: (the context grows with the chip's SMs, not with its memory). No GPU run of vramlab's has
+#: checked them yet.
+CONTEXT_FIGURES: dict[str, tuple[int, str]] = {
+    "A100-80GB": (481 * MiB, "0.47 GiB used after torch.ones(1).cuda() on an A100 80GB, torch 2.1.1+cu121, lazy "
+                             "loading (stas00/ml-engineering, training/performance/README.md)"),
+    "A100-40GB": (481 * MiB, "the A100 80GB's figure (same GA100 chip, 108 SMs): 0.47 GiB after torch.ones(1).cuda(), "
+                             "torch 2.1.1+cu121 (stas00/ml-engineering, training/performance/README.md)"),
+    "H100-80GB": (534 * MiB, "'On H100, each primary context costs ~534 MiB' (meta-pytorch/torchcomms PR #777)"),
+    "H200-141GB": (534 * MiB, "the H100's figure (same GH100 chip, 132 SMs): ~534 MiB per primary context "
+                              "(meta-pytorch/torchcomms PR #777)"),
+    "RTX 3090": (256 * MiB, "'a flat 256 MiB' per process on RTX 3090s, torch 2.7.1+cu128 (invoke-ai/InvokeAI issue "
+                            "#9413)"),
+}
+
+_ASSUMED = ("assumed: no figure measured under torch 2.x with lazy loading was found for this card; 512 MiB, "
+            "within the 250 to 550 MiB that published figures for other cards span")
+
+GPU_PRESETS = tuple(
+    replace(p, context_overhead=CONTEXT_FIGURES[p.name][0], context_source=CONTEXT_FIGURES[p.name][1])
+    if p.name in CONTEXT_FIGURES else replace(p, context_source=_ASSUMED) for p in GPU_PRESETS)
 
 
 def get_preset(name: str | GPUPreset) -> GPUPreset:
