@@ -54,6 +54,22 @@ pytorch's main branch of the same months; ``docs/virtual-gpu.md`` has the list):
   allocator (``getNewWorkspace`` in aten/src/ATen/cuda/CublasHandlePool.cpp), so it counts in
   ``memory_allocated``: 32 MiB on compute capability 9.x, 10.x and 12.x, 8.125 MiB before
   (``parseChosenWorkspaceSize``, ``CUBLAS_WORKSPACE_CONFIG`` overrides it). cuBLASLt shares it.
+- **Backward** runs under the same model: ``loss.backward()``, ``torch.autograd.backward`` and
+  ``torch.autograd.grad`` dispatch themselves to the mode, which is popped while it handles them, and
+  the autograd engine runs the graph under the caller's thread-local state; they now run with the mode
+  pushed again (their own ``has_torch_function`` checks off), so that ``torch.utils.checkpoint``'s
+  recomputation takes CUDA's dropout and attention, as the forward did, and saves the same tensors.
+- **Autocast** follows CUDA's lists (:data:`CUDA_AUTOCAST_LISTS`, from at::autocast's
+  aten/src/ATen/autocast_mode.h and .cpp, and the docs' "CUDA Ops that can autocast to float32"): the
+  virtual card's tensors are CPU tensors, so ``torch.autocast("cpu")`` is what runs, and while a
+  thread is inside this mode its ``AutocastCPU`` kernels are CUDA's (softmax, log_softmax, layer_norm,
+  exp, pow, sum, the losses, ... in float32; matmuls, convolutions and linear in 16 bits;
+  ``binary_cross_entropy`` refused). A Python kernel is registered for each operator whose two
+  policies differ, for as long as any card is active, and answers with the CPU's policy on other
+  threads. ``scaled_dot_product_attention`` casts its inputs before picking the kernel, as CUDA's
+  autocast does first. softmax/log_softmax of a float16 input asked for float32 (autocast's
+  ``fp32_set_opt_dtype``, or ``dtype=torch.float32``) is CUDA's ``half_to_float`` kernel: a float32
+  output and no float32 copy of the input (``softmax`` in aten/src/ATen/native/SoftMax.cpp).
 
 Not modelled, and said so in the docs: the cuBLAS workspace of the autograd engine's own
 thread (torch keeps one per handle and stream; a backward on CUDA likely adds a second),
@@ -62,7 +78,10 @@ constants not resolved here), flash attention's split-KV buffers in inference, d
 mode's buffers, nested tensors (``TransformerEncoder``'s nested fast path with a padding mask
 included) and grouped-query attention with fewer key/value heads than query heads (those calls
 run as on the CPU), and the exact temporaries of ``masked_softmax`` on the older native
-multi-head-attention kernels.
+multi-head-attention kernels. Under autocast: the cast cache of the operators that get a Python
+kernel is its own (a weight used by ``mm`` and by ``einsum`` is cast once for each), and the
+autocast of ``nn.LSTM`` (on CUDA ``_cudnn_rnn``'s own autocast kernel casts its flat weights, outside
+these lists) and of the native multi-head attention fast path are not modelled.
 
 Sizes in bytes. This module imports torch; it never imports IPython.
 """
@@ -72,6 +91,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
+import warnings
+import weakref
 from types import FunctionType
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -82,6 +104,7 @@ require_torch("vramlab.sim.kernels")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from .ledger import Ledger  # noqa: E402
@@ -100,6 +123,9 @@ _DROPOUTS = (F.dropout, torch.dropout)
 #: The calls that run the autograd engine; they dispatch themselves to a TorchFunctionMode
 #: (``has_torch_function``), which pops it while it handles them.
 _BACKWARDS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+#: softmax and log_softmax as Python calls them (``True``: log_softmax).
+_SOFTMAXES: dict[Any, bool] = {F.softmax: False, F.log_softmax: True, torch.softmax: False, torch.log_softmax: True,
+                               torch.Tensor.softmax: False, torch.Tensor.log_softmax: True}
 _MATMUL_NAMES = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "linear", "einsum",
                            "__matmul__", "__rmatmul__", "tensordot", "chain_matmul", "inner", "outer", "dot"})
 
@@ -266,6 +292,256 @@ def _own_torch_function(t: Any) -> bool:
                                               torch._C._disabled_torch_function_impl)
 
 
+# --------------------------------------------------------------------------- CUDA's autocast
+
+LOWER, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED = (
+    "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned")
+
+#: CUDA's autocast lists, by cast policy, as aten's ``name.overload`` (``name`` for the default
+#: overload): at::autocast's AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE,
+#: AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE and AT_FORALL_PROMOTE (aten/src/ATen/autocast_mode.h),
+#: which ``TORCH_LIBRARY_IMPL(aten, Autocast, m)`` in aten/src/ATen/autocast_mode.cpp registers for
+#: CUDA with ``cudnn_convolution``/``cudnn_convolution_transpose`` and ``binary_cross_entropy``
+#: banned; the same lists as the docs' "CUDA Ops that can autocast to float16" and "CUDA Ops that
+#: can autocast to float32" (https://pytorch.org/docs/stable/amp.html#cuda-op-specific-behavior:
+#: softmax, log_softmax, layer_norm, exp, pow, sum, the losses, ... in float32; cross_entropy there is
+#: log_softmax then nll_loss). :func:`cuda_autocast_policies` keeps those the installed torch
+#: registers for ``AutocastCUDA`` (its CPU build registers them too), and a test checks that
+#: every one of its registrations has a policy here.
+CUDA_AUTOCAST_LISTS: dict[str, tuple[str, ...]] = {
+    LOWER: ("_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
+            "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu", "addmm", "addmv", "addr",
+            "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul",
+            "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell",
+            "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+            "cudnn_convolution", "cudnn_convolution_transpose"),
+    FP32: ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+           "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
+           "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
+           "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+           "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+           "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+           "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+           "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
+           "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+           "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa"),
+    FP32_SET_OPT_DTYPE: ("prod", "prod.dim_int", "prod.dim_Dimname", "softmax.int", "softmax.Dimname",
+                         "log_softmax.int", "log_softmax.Dimname", "cumprod", "cumprod.dimname", "cumsum",
+                         "cumsum.dimname", "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord",
+                         "sum", "sum.dim_IntList", "sum.dim_DimnameList"),
+    FP32_APPEND_DTYPE: ("norm.Scalar", "norm.ScalarOpt_dim", "norm.names_ScalarOpt_dim"),
+    PROMOTE: ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
+              "tensordot", "scatter_add"),
+    BANNED: ("binary_cross_entropy",),
+}
+
+#: The CPU's autocast lists that are not float32 (``TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)``,
+#: autocast_mode.cpp): every other operator it registers is float32.
+CPU_AUTOCAST_LOWER: tuple[str, ...] = (
+    "conv1d", "conv1d.padding", "conv2d", "conv2d.padding", "conv3d", "conv3d.padding", "bmm", "mm", "linalg_vecdot",
+    "baddbmm", "addmm", "_addmm_activation", "addbmm", "linear", "_convolution.deprecated", "matmul", "conv_tbc",
+    "mkldnn_rnn_layer", "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
+    "scaled_dot_product_attention", "_native_multi_head_attention")
+CPU_AUTOCAST_PROMOTE: tuple[str, ...] = ("stack", "cat", "index_copy", "index_copy.dimname")
+
+_BANNED_MESSAGE = (  # torch's own words (binary_cross_entropy_banned, autocast_mode.cpp)
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast.")
+
+
+def _registered(key: str) -> set[str]:
+    return {n[len("aten::"):] for n in torch._C._dispatch_get_registrations_for_dispatch_key(key)
+            if n.startswith("aten::")}
+
+
+def cuda_autocast_policies() -> dict[str, str]:
+    """CUDA's autocast policy of each operator the installed torch registers for ``AutocastCUDA``
+    (``name.overload`` -> one of ``lower_precision_fp``, ``fp32``, ``fp32_set_opt_dtype``,
+    ``fp32_append_dtype``, ``promote``, ``banned``): :data:`CUDA_AUTOCAST_LISTS`."""
+    have = _registered("AutocastCUDA")
+    return {op: policy for policy, ops in CUDA_AUTOCAST_LISTS.items() for op in ops if op in have}
+
+
+def cpu_autocast_policies() -> dict[str, str]:
+    """The CPU's autocast policy of each operator the installed torch registers for ``AutocastCPU``."""
+    lower, promote = set(CPU_AUTOCAST_LOWER), set(CPU_AUTOCAST_PROMOTE)
+    return {op: LOWER if op in lower else PROMOTE if op in promote else FP32 for op in _registered("AutocastCPU")}
+
+
+_AFTER_AUTOCAST = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.AutocastCPU)
+_STATE = threading.local()  # .active: the CudaKernels this thread is in, innermost last
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, Any] = {"users": 0, "lib": None, "clear": None}
+_CAST_CACHE: dict[int, tuple[Any, torch.Tensor]] = {}
+
+
+def _active_kernels() -> Optional["CudaKernels"]:
+    """The innermost :class:`CudaKernels` this thread is in (it runs on a virtual CUDA card), or ``None``."""
+    active = getattr(_STATE, "active", None)
+    return active[-1] if active else None
+
+
+def _eligible(t: Any) -> bool:
+    """``is_eligible``: a floating tensor on the device (the CPU here), not float64."""
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 and \
+        t.device.type == "cpu"
+
+
+def _cached_cast(to: torch.dtype, t: Any) -> Any:
+    """``at::autocast::cached_cast``: ``t`` cast to ``to`` if it is eligible and another dtype; a
+    float32 leaf that requires grad (a weight) cast to the lower precision is cast once per
+    autocast region (the cache torch empties when the outermost autocast exits)."""
+    if not _eligible(t) or t.dtype == to:
+        return t
+    if to == torch.get_autocast_dtype("cpu") and t.dtype == torch.float32 and t.requires_grad and t.is_leaf \
+            and not t._is_view() and torch.is_autocast_cache_enabled():
+        hit = _CAST_CACHE.get(id(t))
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        out = t.to(to)
+        _CAST_CACHE[id(t)] = (weakref.ref(t), out)
+        return out
+    return t.to(to)
+
+
+def _promote_type(low: torch.dtype, args: Any) -> torch.dtype:
+    """``at::autocast::promote_type``: the widest floating type of the arguments, float32 over
+    the lower precision, float64 ignored."""
+    current = low
+    for t in pytree.tree_leaves(args):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == "cpu":
+            nxt = t.dtype
+            if nxt == torch.float64:
+                continue
+            if current == torch.float32 or nxt == torch.float32:
+                current = torch.float32
+            elif not (current == low and nxt == low):
+                raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
+    return current
+
+
+def _first_tensor(args: tuple) -> Any:
+    return args[0] if args else None
+
+
+def _cast_all(to: torch.dtype, tree: Any) -> Any:
+    return pytree.tree_map(lambda t: _cached_cast(to, t), tree)
+
+
+def _with_dtype(op: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with the operator's ``dtype`` argument set to ``dtype`` unless given."""
+    names = [a.name for a in op._schema.arguments]
+    i = names.index("dtype")
+    if i < len(args) and not op._schema.arguments[i].kwarg_only:
+        if args[i] is None:
+            args = (*args[:i], dtype, *args[i + 1:])
+    elif kwargs.get("dtype") is None:
+        kwargs = {**kwargs, "dtype": dtype}
+    return args, kwargs
+
+
+def _run_policy(policy: str, op: Any, args: tuple, kwargs: dict) -> Any:
+    """One operator under an autocast cast policy (the ``WrapFunction_`` specialisations of
+    autocast_mode.h): the inputs cast, then the operator with autocast off."""
+    low = torch.get_autocast_dtype("cpu")
+    with torch._C._DisableAutocast():
+        if policy == LOWER:
+            return op(*_cast_all(low, args), **_cast_all(low, kwargs))
+        if policy == FP32:
+            return op(*_cast_all(torch.float32, args), **_cast_all(torch.float32, kwargs))
+        if policy == FP32_SET_OPT_DTYPE:
+            if _eligible(_first_tensor(args)):
+                args, kwargs = _with_dtype(op, args, kwargs, torch.float32)
+            return op(*args, **kwargs)
+        if policy == FP32_APPEND_DTYPE:  # norm.Scalar -> norm.ScalarOpt_dtype, norm.X -> norm.X_dtype
+            first = args[0]
+            out = torch.float32 if _eligible(first) else first.dtype
+            overload = op._overloadname
+            target = getattr(torch.ops.aten.norm, "ScalarOpt_dtype" if overload == "Scalar" else overload + "_dtype")
+            full = list(args)
+            if overload == "Scalar" and len(full) < 2 and "p" not in kwargs:
+                full.append(2)  # p's default
+            elif overload != "Scalar" and len(full) < 4 and "keepdim" not in kwargs:
+                full.append(False)  # keepdim's default
+            return target(*full, **kwargs, dtype=out)
+        if policy == PROMOTE:
+            to = _promote_type(low, (args, kwargs))
+            return op(*_cast_all(to, args), **_cast_all(to, kwargs))
+        if policy == BANNED:
+            raise RuntimeError(_BANNED_MESSAGE)
+    raise ValueError(f"unknown autocast policy {policy!r}")
+
+
+def _autocast_kernel(op: Any, cuda: Optional[str], cpu: Optional[str]) -> Callable[..., Any]:
+    """The ``AutocastCPU`` kernel of ``op`` while a virtual CUDA card is in use: CUDA's policy on a
+    thread inside a :class:`CudaKernels`, the CPU's own elsewhere; no policy is a fallthrough (the
+    operator continues below autocast, and what it calls is autocast again)."""
+
+    softmax = op in (torch.ops.aten.softmax.int, torch.ops.aten.log_softmax.int)
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        here = _active_kernels()
+        policy = cuda if here is not None else cpu
+        if policy is None:
+            return op.redispatch(keyset & _AFTER_AUTOCAST, *args, **kwargs)
+        if softmax and here is not None:
+            x, dim = args[0], args[1]
+            dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+            if isinstance(x, torch.Tensor) and x.dtype == torch.float16 and dtype in (None, torch.float32):
+                with torch._C._DisableAutocast():  # fp32_set_opt_dtype: float32, which CUDA's softmax runs as half_to_float
+                    return _HalfToFloatSoftmax.apply(x, dim, op is torch.ops.aten.log_softmax.int, here.ledger)
+        return _run_policy(policy, op, args, kwargs)
+
+    return kernel
+
+
+def _resolve(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+def _clear_autocast_cache() -> None:
+    """``torch.clear_autocast_cache`` while CUDA's autocast is modelled: torch's cache and ours."""
+    _CAST_CACHE.clear()
+    _INSTALLED["clear"]()
+
+
+def _install_cuda_autocast() -> None:
+    """Give CPU autocast CUDA's lists on the threads inside a :class:`CudaKernels` (reference
+    counted): an ``AutocastCPU`` kernel for each operator whose CUDA policy differs from the
+    CPU's (those alike keep torch's kernels and their cast cache)."""
+    with _LOCK:
+        _INSTALLED["users"] += 1
+        if _INSTALLED["users"] > 1:
+            return
+        cuda, cpu = cuda_autocast_policies(), cpu_autocast_policies()
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+            warnings.simplefilter("ignore")
+            for name in sorted(set(cuda) | set(cpu)):
+                c, p = cuda.get(name), cpu.get(name)
+                if c == p and c in (LOWER, FP32, PROMOTE):
+                    continue
+                lib.impl(name, _autocast_kernel(_resolve(name), c, p), "AutocastCPU", with_keyset=True)
+        _INSTALLED["lib"] = lib
+        _INSTALLED["clear"] = torch.clear_autocast_cache
+        torch.clear_autocast_cache = _clear_autocast_cache
+
+
+def _uninstall_cuda_autocast() -> None:
+    with _LOCK:
+        _INSTALLED["users"] -= 1
+        if _INSTALLED["users"] > 0:
+            return
+        _INSTALLED["lib"]._destroy()
+        torch.clear_autocast_cache = _INSTALLED["clear"]
+        _INSTALLED.update(lib=None, clear=None)
+        _CAST_CACHE.clear()
+
+
 class CudaKernels(TorchFunctionMode):
     """Reroute the operators whose CUDA kernels keep other tensors than the CPU's (module docs),
     for a card of compute capability ``cc``, counted in ``ledger``. Enter it inside the ledger
@@ -292,11 +568,22 @@ class CudaKernels(TorchFunctionMode):
         self._patched = torch.overrides.has_torch_function is _ORIGINAL_HAS_TORCH_FUNCTION
         if self._patched:
             torch.overrides.has_torch_function = _fast_path_has_torch_function  # type: ignore[assignment]
-        super().__enter__()
+        _install_cuda_autocast()
+        if not hasattr(_STATE, "active"):
+            _STATE.active = []
+        _STATE.active.append(self)
+        try:
+            super().__enter__()
+        except BaseException:
+            _STATE.active.pop()
+            _uninstall_cuda_autocast()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        _STATE.active.remove(self)
+        _uninstall_cuda_autocast()
         if self._patched:
             torch.overrides.has_torch_function = _ORIGINAL_HAS_TORCH_FUNCTION
             self._patched = False
@@ -331,6 +618,8 @@ class CudaKernels(TorchFunctionMode):
             return self._encoder_layer(args, kwargs)
         if func in _BACKWARDS:
             return self._backward(func, args, kwargs)
+        if func in _SOFTMAXES:
+            return self._softmax(func, args, kwargs)
         if self.workspace is None and getattr(func, "__name__", "") in _MATMUL_NAMES:
             self._cublas_workspace()
         if func is _MHA_FORWARD:
@@ -357,13 +646,28 @@ class CudaKernels(TorchFunctionMode):
         (``CheckpointError``) on every GPU preset. The function runs without its own
         ``has_torch_function`` checks (:func:`_transparent`), else it would dispatch to the mode
         again; a tensor subclass with a ``__torch_function__`` of its own gets torch's path."""
-        if any(_own_torch_function(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+        if any(_own_torch_function(t) for t in pytree.tree_leaves((args, kwargs))):
             return func(*args, **kwargs)
         torch.overrides._push_mode(self)
         try:
             return _transparent(func)(*args, **kwargs)
         finally:
             torch.overrides._pop_mode()
+
+    def _softmax(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """softmax/log_softmax of a float16 tensor asked for a float32 result (Hugging Face's eager
+        attention: ``softmax(w, dim=-1, dtype=torch.float32)``): CUDA's ``half_to_float`` kernel
+        (:class:`_HalfToFloatSoftmax`); anything else as on the CPU (under autocast, see
+        :func:`_autocast_kernel`)."""
+        names = ("input", "dim", "_stacklevel", "dtype") if func in (F.softmax, F.log_softmax) else \
+            ("input", "dim", "dtype")
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        x, dim = a.get("input", a.get("self")), a.get("dim")
+        if isinstance(x, torch.Tensor) and not x.is_nested and x.dtype == torch.float16 and \
+                a.get("dtype") == torch.float32 and isinstance(dim, int) and not _own_torch_function(x):
+            return _HalfToFloatSoftmax.apply(x, dim, _SOFTMAXES[func], self.ledger)
+        return func(*args, **kwargs)
 
     def _cublas_workspace(self) -> None:
         self.workspace = torch.empty(cublas_workspace_size(self.cc), dtype=torch.uint8)
@@ -392,6 +696,18 @@ class CudaKernels(TorchFunctionMode):
                 or k.dim() != 4 or v.dim() != 4 or q.is_nested or q.shape[1] != k.shape[1] or q.shape[1] != v.shape[1]
                 or (mask is not None and not isinstance(mask, torch.Tensor))):
             return _SDPA(*args, **kwargs)
+        if torch.is_autocast_enabled("cpu"):
+            # CUDA's autocast (scaled_dot_product_attention: lower_precision_fp) casts the inputs,
+            # then runs the kernel it picks for their dtype with autocast off.
+            low = torch.get_autocast_dtype("cpu")
+            q, k, v = (_cached_cast(low, t) for t in (q, k, v))
+            mask = _cached_cast(low, mask)
+            with torch._C._DisableAutocast():
+                return self._attention(q, k, v, mask, a)
+        return self._attention(q, k, v, mask, a)
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                   a: dict) -> Any:
         p, causal, scale = float(a.get("dropout_p", 0.0)), bool(a.get("is_causal", False)), a.get("scale")
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         call = AttentionCall(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype,
@@ -557,6 +873,46 @@ def _empty_in_layout(t: torch.Tensor, last: int) -> torch.Tensor:
     order = sorted(range(t.dim()), key=lambda i: -strides[i])
     shape = [*t.shape[:-1], last]
     return torch.empty([shape[i] for i in order], dtype=t.dtype).permute(*[order.index(i) for i in range(t.dim())])
+
+
+class _HalfToFloatSoftmax(torch.autograd.Function):
+    """``at::_softmax``/``at::_log_softmax`` with ``half_to_float``: what CUDA runs for a float16
+    input asked for a float32 result (``softmax``/``log_softmax(input, dim, dtype)`` in
+    aten/src/ATen/native/SoftMax.cpp: ``input_.is_cuda() && Half && dtype == Float``; autocast's
+    ``fp32_set_opt_dtype`` asks exactly that). The float32 output is the only allocation (no float32
+    copy of the input, which every other case makes: ``input_.toType(dtype)``), saved for backward,
+    whose ``_softmax_backward_data`` with ``input_dtype`` Half returns a float16 gradient. The CPU
+    has no such kernel ("softmax with half to float conversion is not supported on CPU"): the values
+    come from a float32 softmax with the ledger paused."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, log: bool, ledger: Ledger) -> torch.Tensor:
+        with ledger.paused(), torch._C.DisableTorchFunction():
+            val = (torch.log_softmax if log else torch.softmax)(x.float(), dim)
+        if not x.is_contiguous():  # host_softmax: input_.contiguous()
+            scratch = torch.empty(x.shape, dtype=x.dtype)
+            del scratch
+        out = torch.empty(x.shape, dtype=torch.float32)
+        out.copy_(val)
+        del val
+        ctx.dim, ctx.log, ctx.ledger = dim, log, ledger
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (out,) = ctx.saved_tensors
+        with ctx.ledger.paused(), torch._C.DisableTorchFunction():
+            g = grad.float()
+            val = g - out.exp() * g.sum(ctx.dim, keepdim=True) if ctx.log else \
+                out * (g - (g * out).sum(ctx.dim, keepdim=True))
+        if not grad.is_contiguous():  # grad_.contiguous()
+            scratch = torch.empty(grad.shape, dtype=grad.dtype)
+            del scratch
+        gi = torch.empty(out.shape, dtype=torch.float16)
+        gi.copy_(val)
+        del val
+        return gi, None, None, None
 
 
 class _FusedAttention(torch.autograd.Function):

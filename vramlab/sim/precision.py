@@ -22,9 +22,12 @@
   scaler's own tensors are a few bytes; its check for inf/NaN is not run (a fake tensor has
   no values), so every step is taken.
 
-On a fake or virtual device the forward's autocast is the CPU's (``torch.autocast("cpu")``):
-its op lists are close to CUDA's (matmuls, convolutions and linear layers run in 16 bits, the
-reductions and losses in float32) but not identical; on a CUDA device it is CUDA's.
+On a fake or virtual device the forward runs under ``torch.autocast("cpu")``. Its op lists are
+the CPU's without a card (matmuls, convolutions and linear layers in 16 bits, the losses in
+float32, but softmax, layer_norm, exp, pow and sum in the input's dtype); on a GPU preset (a
+VirtualGPU of one, or ``estimate(device="T4")``) the card's kernel model gives CPU autocast CUDA's
+lists (:mod:`vramlab.sim.kernels`: softmax, log_softmax, layer_norm, exp, pow, sum, the losses, ...
+in float32, as ``torch.autocast("cuda")`` runs them). On a CUDA device it is CUDA's own.
 
 All sizes are in bytes.
 """

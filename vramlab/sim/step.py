@@ -285,12 +285,31 @@ def checkpoint_modules(model: nn.Module, checkpoint: Any) -> list[nn.Module]:
     return out
 
 
+def _hf_checkpointing_layer(m: nn.Module) -> bool:
+    """Whether ``m`` is a Hugging Face ``GradientCheckpointingLayer`` (transformers'
+    modeling_layers.py: the decoder and encoder blocks of its models), without importing transformers."""
+    return any(c.__name__ == "GradientCheckpointingLayer" and c.__module__.startswith("transformers")
+               for c in type(m).__mro__)
+
+
 def apply_checkpoint(modules: Iterable[nn.Module]) -> None:
     """Make each module's forward an activation checkpoint (``torch.utils.checkpoint``,
     non-reentrant, as torch recommends): its insides are not saved for backward but
-    recomputed during it; only its inputs are saved."""
+    recomputed during it; only its inputs are saved.
+
+    A Hugging Face layer (``GradientCheckpointingLayer``) is switched as
+    ``model.gradient_checkpointing_enable()`` switches it: ``gradient_checkpointing = True`` with the
+    same non-reentrant checkpoint. Its own forward wrapper then checkpoints it in training with its
+    key/value cache dropped (``use_cache=False``, ``cache=None``): a layer that writes the cache in
+    its forward (T5's and BART's decoder blocks: its self-attention appends to it, its
+    cross-attention fills it once) finds it written when backward recomputes it, takes another
+    path and saves other tensors, and torch's checkpoint refuses that (``CheckpointError``)."""
     from torch.utils.checkpoint import checkpoint
 
     for m in modules:
+        if _hf_checkpointing_layer(m):
+            m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)  # type: ignore[assignment]
+            m.gradient_checkpointing = True  # type: ignore[assignment]
+            continue
         inner = m.forward
         m.forward = functools.partial(checkpoint, inner, use_reentrant=False)
