@@ -206,7 +206,31 @@ def build_on_meta(build_model: Callable[[], nn.Module], dtype: Optional[torch.dt
         raise TypeError(f"build_model must return an nn.Module; got {type(model).__name__}")
     if dtype is not None:
         model = model.to(dtype)
+        if dtype in (torch.float16, torch.bfloat16):
+            keep_adapters_in_fp32(model)
     return model
+
+
+def keep_adapters_in_fp32(model: nn.Module) -> int:
+    """Cast PEFT's adapter weights back to fp32 after the model was cast to 16 bits, as PEFT does
+    by default: ``get_peft_model(..., autocast_adapter_dtype=True)`` upcasts the fp16/bf16
+    parameters of each tuner layer's ``adapter_layer_names`` (``lora_A``, ``lora_B``, ...) to
+    fp32 (peft/tuners/tuners_utils.py, ``BaseTunerLayer._cast_adapter_dtype``), so a LoRA on a
+    bf16 base trains fp32 adapters with fp32 gradients and optimizer state. Returns the
+    parameters cast (elements). Without PEFT's layers, nothing changes."""
+    n = 0
+    for m in model.modules():
+        if not any(c.__name__ == "BaseTunerLayer" and c.__module__.startswith("peft") for c in type(m).__mro__):
+            continue
+        for name in getattr(m, "adapter_layer_names", ()):
+            sub = getattr(m, name, None)
+            if not isinstance(sub, nn.Module):
+                continue
+            for p in sub.parameters():
+                if p.dtype in (torch.float16, torch.bfloat16):
+                    p.data = p.data.to(torch.float32)
+                    n += p.numel()
+    return n
 
 
 def count_params(model: nn.Module) -> int:
