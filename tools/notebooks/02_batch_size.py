@@ -121,6 +121,7 @@ assert slope > 0
 # cuDNN's workspaces.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 card = "256MiB"
 
 
