@@ -11,7 +11,7 @@ Usage::
     %vram history              # a table of the last cells (--last N)
     %vram export PATH          # .csv (cells, or --samples) or .json (everything)
     %vram plot                 # a matplotlib timeline with cell spans and OOMs (--last N: the last N cells)
-    %vram free                 # drop what the last traceback keeps alive, collect, empty the cache
+    %vram free                 # drop what the last traceback and the autograd graphs keep alive, collect, empty the cache
     %vram last                 # the latest cell record
 
     %%vram                     # run the cell, then show its record: wall time, deltas, exact peaks
@@ -54,7 +54,7 @@ SUBCOMMANDS: dict[str, str] = {
     "history": "a table of the last cells",
     "export": "PATH: write the history as .csv or .json",
     "plot": "a matplotlib timeline of the history",
-    "free": "drop the last traceback's references, collect, empty the cache",
+    "free": "drop the last traceback's references and the autograd graphs kept by tensors, collect, empty the cache",
     "last": "the latest cell record",
 }
 
@@ -315,7 +315,7 @@ def _usage_summary() -> str:
         ("%vram history", tr("a table of the last cells (--last N)")),
         ("%vram export PATH", tr(".csv (cells, or --samples) or .json (everything)")),
         ("%vram plot", tr("a matplotlib timeline with cell spans and OOMs (--last N: the last N cells)")),
-        ("%vram free", tr("drop what the last traceback keeps alive, collect, empty the cache")),
+        ("%vram free", tr("drop what the last traceback and the autograd graphs keep alive, collect, empty the cache")),
         ("%vram last", tr("the latest cell record")),
         ("", None),
         ("%%vram", tr("run the cell, then show its record: wall time, deltas, exact peaks")),
