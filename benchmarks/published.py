@@ -665,7 +665,7 @@ BY_ID: dict[str, Row] = {r.id: r for r in ROWS}
 @dataclass
 class Result:
     row: Row
-    estimate: Any  # vramlab.Estimate
+    estimate: Any  # vramlab.sim.Estimate
     compared: int  # the vramlab figure compared with row.measured (see Row.compared_as)
     seconds: float
 
