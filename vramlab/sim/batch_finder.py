@@ -72,14 +72,15 @@ class TrialTable(list):
 
     def __str__(self) -> str:
         head = ("#", tr("batch"), tr("fits"), tr("peak"))
-        lines = [f"{head[0]:>3}  {head[1]:>9}  {head[2]:<4}  {head[3]:>12}"]
-        lines += [f"{a:>3}  {b:>9}  {c:<4}  {d:>12}" for a, b, c, d in self._rows()]
+        lines = [f"{head[0]:>3}  {head[1]:>7}  {head[2]:<4}  {head[3]:>12}"]
+        lines += [f"{a:>3}  {b:>7}  {c:<4}  {d:>12}" for a, b, c, d in self._rows()]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(h)}</th>" for h in ("#", tr("batch"), tr("fits"), tr("peak")))
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self._rows())
-        return f"<table class='vramlab-trials'><tr>{head}</tr>{rows}</table>"
+        rows = "".join("<tr>" + "".join(f"<td>{'<b>OOM</b>' if c == 'OOM' else html.escape(c)}</td>" for c in row)
+                       + "</tr>" for row in self._rows())
+        return f"<table><tr>{head}</tr>{rows}</table>"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
@@ -122,11 +123,7 @@ class BatchSearch:
         """A plain-text table."""
         head = tr("max batch size {n}{capped} on {device}, {trials} trials", n=self.max_batch_size,
                   capped=self._capped(), device=self.device, trials=self.num_trials)
-        lines = [head, f"  {'#':>3}  {tr('batch'):>7}  {tr('fits'):<4}  {tr('peak'):>12}"]
-        yes, na = tr("yes"), tr("n/a")
-        for i, t in enumerate(self.trials, 1):
-            peak = na if t.peak is None else format_bytes(t.peak)
-            lines.append(f"  {i:>3}  {t.batch:>7}  {yes if t.fits else 'OOM':<4}  {peak:>12}")
+        lines = [head] + ["  " + line for line in str(self.table()).splitlines()]
         lines.extend("  " + tr("note: {note}", note=n) for n in self.notes)
         return "\n".join(lines)
 
@@ -137,15 +134,9 @@ class BatchSearch:
         return f"<vramlab.BatchSearch max_batch_size={self.max_batch_size} trials={self.num_trials} on {self.device}>"
 
     def _repr_html_(self) -> str:
-        yes, na = html.escape(tr("yes")), tr("n/a")
-        rows = "".join(
-            f"<tr><td>{i}</td><td>{t.batch}</td><td>{yes if t.fits else '<b>OOM</b>'}</td>"
-            f"<td>{html.escape(na if t.peak is None else format_bytes(t.peak))}</td></tr>"
-            for i, t in enumerate(self.trials, 1))
         head = tr("max batch size <b>{n}</b>{capped} on {device}, {trials} trials", n=self.max_batch_size,
                   capped=html.escape(self._capped()), device=html.escape(self.device), trials=self.num_trials)
-        cells = "".join(f"<th>{html.escape(h)}</th>" for h in ("#", tr("batch"), tr("fits"), tr("peak")))
-        return f"<div class='vramlab-batch'><p>{head}</p><table><tr>{cells}</tr>{rows}</table></div>"
+        return f"<div class='vramlab-batch'><p>{head}</p>{self.table()._repr_html_()}</div>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self._repr_html_()}
