@@ -84,6 +84,16 @@ def _storages(tensors: Iterable[Any]) -> dict[int, tuple[int, str]]:
     return out
 
 
+def _items(obj: Any) -> Optional[list[Any]]:
+    """The first 4096 values of a flat container (a dict's values, a list's or tuple's items), or
+    ``None`` for anything else."""
+    if isinstance(obj, dict):
+        return list(obj.values())[:4096]
+    if isinstance(obj, (list, tuple)):
+        return list(obj[:4096])
+    return None
+
+
 def _tensors_in(obj: Any) -> tuple[str, list[Any]]:
     """The kind of holder ``obj`` is and the tensors it holds directly (no graph)."""
     torch = _torch()
@@ -97,11 +107,8 @@ def _tensors_in(obj: Any) -> tuple[str, list[Any]]:
             return MODULE, params + list(obj.buffers()) + [p.grad for p in params if p.grad is not None]
         if isinstance(obj, torch.optim.Optimizer):
             return OPTIMIZER, [v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-        if isinstance(obj, dict):
-            vals = list(obj.values())[:4096]
-        elif isinstance(obj, (list, tuple)):
-            vals = list(obj[:4096])
-        else:
+        vals = _items(obj)
+        if vals is None:
             return "", []
         tensors = [v for v in vals if isinstance(v, torch.Tensor)]
         return (TENSORS, tensors) if tensors else ("", [])
@@ -114,13 +121,8 @@ def _graph_roots(obj: Any) -> list[Any]:
     torch = _torch()
     if torch is None:
         return []
-    if isinstance(obj, torch.Tensor):
-        items: list[Any] = [obj]
-    elif isinstance(obj, dict):
-        items = list(obj.values())[:4096]
-    elif isinstance(obj, (list, tuple)):
-        items = list(obj[:4096])
-    else:
+    items = [obj] if isinstance(obj, torch.Tensor) else _items(obj)
+    if items is None:
         return []
     return [t for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
