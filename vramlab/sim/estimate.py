@@ -41,7 +41,7 @@ import functools
 import html
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from .._extras import require_torch
 
@@ -476,12 +476,12 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         train, step = False, "inference"
         notes.append(tr("the model has no trainable parameters: there is nothing to backpropagate, so this is "
                         "the forward pass's memory (its activations), estimated as step='inference'"))
-    def run(model: nn.Module, books: Optional[CachingAllocator]) -> tuple[Ledger, int, Any]:
+    def run(books: Optional[CachingAllocator], on_oom: Any) -> tuple[Ledger, int, Any]:
         ckpt = checkpoint_modules(model, checkpoint)
         apply_checkpoint(ckpt)
         acct = Ledger(None, round_blocks=rb, fake=True, allocator=books, no_values=_no_values)
-        if books is card:
-            acct.on_oom = refuse
+        if on_oom is not None:
+            acct.on_oom = on_oom
         hooks = LedgerHooks(acct)
         with FakeTensorMode(allow_non_fake_inputs=True):
             hooks.install()
@@ -498,29 +498,54 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
                 hooks.remove()
         return acct, len(ckpt), (model, opt)  # kept alive to the result: ``after`` is what the step keeps
 
-    refused: Optional[str] = None
-    card = _card_books(conf, tgt)
+    def rebuild() -> None:
+        nonlocal model
+        model = build_on_meta(build_model, plan.model_dtype)
 
-    def refuse(requested: int, pending: int) -> BaseException:
-        nonlocal refused
-        refused = format_bytes(requested)
-        return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
-
-    if card is not None:
-        # The verdict is the allocator's at the card's limit, with its release-and-retry chain, as
-        # a VirtualGPU of that card (or the card itself) runs the step: "does not fit" means it
-        # would raise. When it does, the step is run again without a limit for what it needs.
-        try:
-            acct, nck, _kept = run(model, card)
-        except torch.OutOfMemoryError:
-            refused = refused or tr("more than 1 EiB")
-            model = build_on_meta(build_model, plan.model_dtype)
-            acct, nck, _kept = run(model, _books(conf))
-    else:
-        acct, nck, _kept = run(model, _books(conf))
+    limit = _CardLimit(conf, tgt)
+    acct, nck, _kept = limit.run(run, before_retry=rebuild)
     return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
                          prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=nck,
-                         limit=None if card is None else (refused is None, refused))
+                         limit=limit.verdict)
+
+
+_T = TypeVar("_T")
+
+
+class _CardLimit:
+    """The verdict of the caching allocator at the card's limit, with its release-and-retry chain,
+    as a VirtualGPU of that card (or the card itself) runs the step: "does not fit" means it would
+    raise. A run it refuses is run again without the limit, for what the step needs; ``refused``
+    is what it refused (a size, for a note). Without a card or with exact accounting, one run."""
+
+    def __init__(self, conf: Optional[AllocConf], tgt: "Target") -> None:
+        self.conf, self.tgt = conf, tgt
+        self.bounded = _card_books(conf, tgt) is not None
+        self.refused: Optional[str] = None
+
+    def _refuse(self, requested: int, pending: int) -> BaseException:
+        self.refused = format_bytes(requested)
+        return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
+
+    def run(self, fn: Callable[[Optional[CachingAllocator], Any], _T],
+            before_retry: Optional[Callable[[], None]] = None) -> _T:
+        """``fn(books, on_oom)``: bounded at the card (``on_oom`` records the refusal), then, if
+        the allocator refused, unbounded (``before_retry()`` first: a fresh model)."""
+        card = _card_books(self.conf, self.tgt)
+        if card is None:
+            return fn(_books(self.conf), None)
+        try:
+            return fn(card, self._refuse)
+        except torch.OutOfMemoryError:
+            self.refused = self.refused or tr("more than 1 EiB")
+        if before_retry is not None:
+            before_retry()
+        return fn(_books(self.conf), None)
+
+    @property
+    def verdict(self) -> Optional[tuple[bool, Optional[str]]]:
+        """:func:`make_estimate`'s ``limit``: ``(fits, what was refused)``, or ``None`` unbounded."""
+        return (self.refused is None, self.refused) if self.bounded else None
 
 
 class StepNeedsValuesError(ValueError):
@@ -598,21 +623,15 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     del probe
     best: Optional[tuple[int, Ledger, Any, Any, int]] = None
     peaks: dict[int, int] = {}
-    refused: Optional[str] = None
-    card: Optional[CachingAllocator] = None
+    limit = _CardLimit(conf, tgt)
     params: list[Any] = []
 
-    def refuse(requested: int, pending: int) -> BaseException:
-        nonlocal refused
-        refused = format_bytes(requested)
-        return torch.OutOfMemoryError(f"out of memory: tried to allocate {requested} bytes")
-
-    def run_rank(r: int, books: Optional[CachingAllocator]) -> tuple[ShardLedger, Any, Any, int]:
+    def run_rank(r: int, books: Optional[CachingAllocator], on_oom: Any) -> tuple[ShardLedger, Any, Any, int]:
         nonlocal params
         model = build_on_meta(build_model, plan.model_dtype)  # built and cast before the fake mode and the ledger
         acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=books, no_values=_no_values)
-        if books is not None and books is card:
-            acct.on_oom = refuse
+        if on_oom is not None:
+            acct.on_oom = on_oom
         hooks = LedgerHooks(acct)
         with fake_process_group(ws, r):
             mesh = device_mesh(strat)
@@ -640,15 +659,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     for r in ranks:
         # As for one device: each rank's verdict is its caching allocator's at the card's limit;
         # a rank it refuses is run again without the limit, for what it needs.
-        card = _card_books(conf, tgt)
-        if card is not None:
-            try:
-                acct, model, opt, ckpt = run_rank(r, card)
-            except torch.OutOfMemoryError:
-                refused = refused or tr("more than 1 EiB")
-                acct, model, opt, ckpt = run_rank(r, _books(conf))
-        else:
-            acct, model, opt, ckpt = run_rank(r, _books(conf))
+        acct, model, opt, ckpt = limit.run(functools.partial(run_rank, r))
         peaks[r] = acct.peak
         if r == 0 and record is not None:
             for c in _zero2_more_ranks(params, record, acct, ws):
@@ -669,4 +680,4 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,
                          method="estimated (FakeTensorMode, fake process group)", t0=t0, notes=notes,
                          checkpointed=ckpt, parallel=(ws, strat.name, r, peaks),
-                         limit=None if _card_books(conf, tgt) is None else (refused is None, refused))
+                         limit=limit.verdict)
