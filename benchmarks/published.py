@@ -46,6 +46,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from vramlab.sim.optimizers import BnbLayout  # noqa: E402
+
 MiB = 2**20
 GiB = 2**30
 
@@ -325,6 +327,23 @@ def _adafactor(params: Any) -> torch.optim.Optimizer:
     return HFAdafactor(params)
 
 
+class HFAdam8bit(TrainerOptimizerMixin, BnbLayout):
+    """The page's ``bnb.optim.Adam8bit(optimizer_grouped_parameters, betas=..., eps=..., lr=...)``,
+    passed to the Trainer as ``optimizers=(adam_bnb_optim, None)``: bitsandbytes' 8-bit two-state
+    layout (vramlab.sim.optimizers.BnbLayout) under the Trainer's clip and ``zero_grad``. The page's
+    weight-decay groups change no byte. bitsandbytes of 2022 used blocks of 2048 elements per
+    ``absmax`` where 0.50 uses 256: under 0.2% of the state's bytes."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        self.clip()
+        return BnbLayout.step(self, closure)
+
+
+def _adam8bit(params: Any) -> torch.optim.Optimizer:
+    return HFAdam8bit(params)
+
+
 HF_ROWS = [
     _hf_row("B1", 4, 1, "32-true", "AdamW (adamw_hf: transformers.AdamW)", _adamw, False, 14949,
             "TrainingArguments(per_device_train_batch_size=4, **default_args) -> 'GPU memory occupied: 14949 MB.'"),
@@ -345,6 +364,13 @@ HF_ROWS = [
     _hf_row("B7", 1, 4, "16-mixed", "Adafactor (transformers.Adafactor)", _adafactor, True, 4847,
             "per_device_train_batch_size=1, gradient_accumulation_steps=4, gradient_checkpointing=True, fp16=True, "
             "optim='adafactor' -> 'GPU memory occupied: 4847 MB.'"),
+    _hf_row("B8", 4, 1, "32-true", "bitsandbytes Adam8bit (bnb.optim.Adam8bit, passed to the Trainer)", _adam8bit,
+            False, 13085, "TrainingArguments(per_device_train_batch_size=4, **default_args) with "
+            "optimizers=(adam_bnb_optim, None), adam_bnb_optim = bnb.optim.Adam8bit(...) -> "
+            "'GPU memory occupied: 13085 MB.'"),
+    _hf_row("B9", 1, 4, "16-mixed", "bitsandbytes Adam8bit (bnb.optim.Adam8bit)", _adam8bit, True, 5363,
+            "per_device_train_batch_size=1, gradient_accumulation_steps=4, gradient_checkpointing=True, fp16=True, "
+            "with the same adam_bnb_optim -> 'GPU memory occupied: 5363 MB.'"),
 ]
 
 
@@ -655,7 +681,72 @@ FABRIC_ROWS = [
                 "list-table 'Memory (MB)': '11’578' under 'FULL_SHARD' (and under 'FSDP' in the first table)"),
 ]
 
-ROWS: list[Row] = [*HF_ROWS, *LITGPT_ROWS, *FABRIC_ROWS]
+# --------------------------------------------------------------------------- bitsandbytes' optimizer table (Q rows)
+
+BNB_PR = "https://github.com/bitsandbytes-foundation/bitsandbytes/pull/1908"
+BNB_PR_NOTE = ("bitsandbytes PR #1908 (head 0b93027, 2026-04, not merged), benchmarking/README.md '8-bit "
+               "Optimizers': 'Model: Qwen/Qwen3-0.6B (full-parameter fine-tuning, fp32)', A100 80GB; its script "
+               "optimizer_benchmark_comprehensive.py: --seq_len 128 --batch_size 2 --warmup_steps 3 --train_steps "
+               "10 --dtype fp32, AutoModelForCausalLM.from_config, labels = input_ids, reset_peak_memory_stats() "
+               "before the model is built, peak = max_memory_allocated() (MiB)")
+
+
+def qwen3_06b_config() -> Any:
+    """Qwen/Qwen3-0.6B's config.json, typed in (https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json):
+    hidden_size 1024, intermediate_size 3072, num_hidden_layers 28, num_attention_heads 16,
+    num_key_value_heads 8, head_dim 128, vocab_size 151936, tie_word_embeddings true, hidden_act
+    silu, rms_norm_eps 1e-6, rope_theta 1e6, attention_bias false, max_position_embeddings 40960:
+    596,049,920 parameters (the table's 'Model Memory 2274.3 MB' is their float32 bytes). Attention:
+    transformers' default (sdpa)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                       hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1_000_000.0, attention_bias=False,
+                       max_position_embeddings=40960)
+
+
+def _qwen_setup(optimizer: Any) -> Callable[[], Setup]:
+    def make() -> Setup:
+        from transformers import Qwen3ForCausalLM, Qwen3Model
+
+        cfg = qwen3_06b_config()
+
+        def batch(b: int) -> dict[str, torch.Tensor]:
+            ids = torch.randint(0, cfg.vocab_size, (b, 128))
+            return {"input_ids": ids, "labels": ids.clone()}
+
+        return Setup(build_model=lambda: Qwen3ForCausalLM(cfg), make_batch=batch, loss_fn=None, optimizer=optimizer,
+                     accelerate_model=lambda: Qwen3Model(qwen3_06b_config()))
+
+    return make
+
+
+def _bnb_row(id: str, name: str, optimizer: Any, measured_mib: str) -> Row:
+    return Row(
+        id=id, model="Qwen/Qwen3-0.6B (0.596 B), full fine-tuning in float32",
+        source=BNB_PR, quote=f"| Peak GPU Memory | ... {name}: {measured_mib} MB ({BNB_PR_NOTE})", batch=2, seq=128,
+        precision="32-true", optimizer=f"{name} (lr=2e-4), zero_grad() (set_to_none)", checkpointing="no",
+        strategy="single", world_size=1, card="A100-80GB", measured=round(float(measured_mib) * MiB),
+        measured_text=f"{measured_mib} MB", counter="max_allocated", setup=_qwen_setup(optimizer),
+        notes=("Counter: torch.cuda.max_memory_allocated() over 13 steps, in MiB. Paged state is CUDA unified "
+               "memory, outside the allocator: in neither the measured peak nor vramlab's (vramlab reports it as "
+               "Estimate.paged). torch, transformers and bitsandbytes versions are not given."))
+
+
+#: The same table's "Optimizer State on CPU" row (MB = MiB): the paged state, which bitsandbytes allocates
+#: as unified memory and labels as CPU memory; vramlab's ``Estimate.paged`` is compared with it.
+BNB_PAGED_STATE: dict[str, str] = {"Q3": "4547.0", "Q4": "1136.8"}
+
+BNB_ROWS = [
+    _bnb_row("Q1", "PyTorch AdamW", "adamw", "11609.8"),
+    _bnb_row("Q2", "AdamW8bit", "adamw8bit", "7135.6"),
+    _bnb_row("Q3", "PagedAdamW", "paged_adamw", "5975.0"),
+    _bnb_row("Q4", "PagedAdamW8bit", "paged_adamw8bit", "5983.6"),
+]
+
+
+ROWS: list[Row] = [*HF_ROWS, *LITGPT_ROWS, *FABRIC_ROWS, *BNB_ROWS]
 BY_ID: dict[str, Row] = {r.id: r for r in ROWS}
 
 
@@ -830,9 +921,11 @@ DIAGNOSES: dict[str, str] = {
         "tensor per layer. The model states are right (B1 minus B6, AdamW minus Adafactor: 2654 MiB measured, "
         "2594 estimated). What-if: with every dropout keeping its mask in the input's dtype (torch's non-fused "
         "_dropout_impl, the CPU's) instead of CUDA's 1-byte bool mask, B1/B2/B6 come to 0.992/0.997/1.001. "
-        "Whether the 2022 stack (V100, CUDA 11.2, torch 1.11/1.12, transformers 4.20) kept such masks was not "
-        "confirmed; another candidate of that size is fragmentation of the 64 MiB score blocks in NVML's "
-        "reserved figure (vramlab's allocator model, of torch 2.13's allocator, has 220 MiB above allocated)."),
+        "That is not "
+        "the 2022 stack's: torch 1.11 and 1.12's CUDA dropout (native_dropout_cuda, read from their wheels) keeps "
+        "a bool mask, so the what-if is not what that stack did. Not identified; a candidate of that size is "
+        "fragmentation of the 64 MiB score blocks in NVML's reserved figure (vramlab's allocator model, of torch "
+        "2.13's allocator, has 220 MiB above allocated)."),
     "B4": (
         "the per-sample shortfall of B1 and more under fp16 AMP: ~2000 MiB at batch 4 (~21 MiB per layer per "
         "sample). B1's dropout what-if brings it to 0.947; the remaining ~8 MiB per layer per sample (one fp16 "
@@ -841,14 +934,19 @@ DIAGNOSES: dict[str, str] = {
     "B6": (
         "the same per-sample activation shortfall as B1 (~1512 MiB at batch 4); the optimizer part agrees "
         "(see B1). B1's dropout what-if gives 1.001."),
+    "B8": (
+        "the B1 activation shortfall, with bitsandbytes' 8-bit Adam in place of AdamW: measured B1 minus B8 is "
+        "1864 MiB, vramlab's 1818 MiB (the optimizer part agrees); the rest is B1's per-sample gap."),
     "F1": (
         "short by 3836 MiB, one float32 copy of the parameters (3848 MiB): vramlab's DDP step holds parameters, "
         "gradients, DDP's bucket copy of them, Adam's two states and one foreach intermediate (torch 2.13's "
         "exp_avg_sq_sqrt); the measured run (torch 2.1.0, Lightning 2.1) held one more parameter-sized buffer. "
-        "The same one-copy gap is in F3 and F4 (per rank: one shard), which points at the optimizer step rather "
-        "than DDP or FSDP: e.g. the foreach Adam of before pytorch#97712 (July 2023) kept both exp_avg_sq_sqrt "
-        "and denom = _foreach_add(exp_avg_sq_sqrt, eps); whether 2.1.0's Adam still did was not checked. The docs "
-        "also do not say which memory_summary row the table took."),
+        "The same one-copy gap is in F3 and F4 (per rank: one shard). Ruled out: torch 2.1.0's foreach Adam, "
+        "read from its wheel (torch/optim/adam.py, _multi_tensor_adam), adds eps in place "
+        "(torch._foreach_add_(exp_avg_sq_sqrt, eps)) and copies no gradient at weight_decay=0, one intermediate "
+        "list as in 2.13; the second intermediate (denom = torch._foreach_add(...)) was torch 2.0's, removed by "
+        "pytorch#104780 (July 2023). Not identified; the docs also do not say which memory_summary row the table "
+        "took."),
     "F3": (
         "short by 1762 MiB, about one float32 shard of the parameters (1924 MiB; with it the ratio is 1.014): "
         "see F1. Lightning 2.1 ran FSDP1 (FlatParameter, SHARD_GRAD_OP); vramlab runs FSDP2 with "

@@ -235,11 +235,17 @@ def test_bad_arguments_get_one_clear_message(kw, match) -> None:
         estimate(build, make_batch, batch_size=2, optimizer="adam", loss_fn=loss_fn, **kw)
 
 
-def test_zero_needs_an_optimizer_class_not_a_factory() -> None:
+def test_zero_takes_a_factory_it_can_probe_and_says_why_it_cannot_take_another() -> None:
+    """ZeroRedundancyOptimizer builds one optimizer per partition from a class and its settings:
+    a factory is probed for them; one that cannot be probed, or returns no optimizer, gets one
+    TypeError saying why."""
     build, make_batch, loss_fn = CASES["mlp"][0]()
-    with pytest.raises(TypeError, match="name or an Optimizer class"):
-        estimate(build, make_batch, batch_size=2, optimizer=lambda ps: torch.optim.Adam(ps), loss_fn=loss_fn,
-                 world_size=2, strategy="zero1")
+    kw = dict(batch_size=2, loss_fn=loss_fn, world_size=2, strategy="zero1")
+    by_factory = estimate(build, make_batch, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4), **kw)
+    by_class = estimate(build, make_batch, optimizer=torch.optim.Adam, **kw)
+    assert by_factory.peak == by_class.peak
+    with pytest.raises(TypeError, match="name, an Optimizer class or a factory vramlab can probe.*not an Optimizer"):
+        estimate(build, make_batch, optimizer=lambda ps: "adam", **kw)
 
 
 def test_zero_with_an_unknown_optimizer_name_says_which_are_known() -> None:

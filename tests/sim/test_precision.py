@@ -120,11 +120,23 @@ def test_master_weights_keep_a_float32_copy_and_step_it() -> None:
     assert all(m.grad is None for m in masters)  # the float32 gradients live only during the step
 
 
-def test_master_weights_refuse_an_optimizer_factory() -> None:
+def test_master_weights_take_a_factory_and_refuse_one_they_cannot_probe() -> None:
+    """A factory is probed for its class and settings (vramlab.sim.optimizers.resolve_optimizer),
+    which the float32 master copies need; one that cannot be probed gets one TypeError saying why."""
     build, make_batch, loss_fn = models.make_mlp(width=32, depth=1)
-    with pytest.raises(TypeError, match="Optimizer class"):
-        estimate(build, make_batch, batch_size=2, optimizer=lambda ps: torch.optim.Adam(ps), loss_fn=loss_fn,
-                 world_size=2, strategy="zero1", precision="bf16-mixed")
+    kw = dict(batch_size=2, loss_fn=loss_fn, world_size=2, strategy="zero1", precision="bf16-mixed")
+    by_factory = estimate(build, make_batch, optimizer=lambda ps: torch.optim.Adam(ps), **kw)
+    by_class = estimate(build, make_batch, optimizer=torch.optim.Adam, **kw)
+    assert (by_factory.peak, by_factory.model_states) == (by_class.peak, by_class.model_states)
+
+    def whole_model_only(ps):  # type: ignore[no-untyped-def]
+        ps = list(ps)
+        if len(ps) < 2:
+            raise RuntimeError("wants the whole model")
+        return torch.optim.Adam(ps)
+
+    with pytest.raises(TypeError, match="wants the whole model"):
+        estimate(build, make_batch, optimizer=whole_model_only, **kw)
 
 
 # --------------------------------------------------------------------------- the ZeRO paper

@@ -40,6 +40,8 @@ def test_every_preset_is_complete_and_sane():
         else:
             assert p.context_overhead == CUDA_CONTEXT_OVERHEAD and p.context_source.startswith("assumed")
         assert 128 * MiB <= p.context_overhead < p.memory
+        # what a lookup hands out is this preset, context figure and all, by its name and every alias
+        assert all(get_preset(n) is p for n in (p.name, *p.aliases))
 
 
 def test_known_figures():

@@ -58,7 +58,8 @@ from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storag
 from .precision import LossScaler, MasterWeights, Precision, resolve_precision  # noqa: E402
 from .presets import CONTEXT_FIGURES, get_preset  # noqa: E402
 from .ranks import check_world_size, fake_process_group  # noqa: E402
-from .step import (OPTIMIZERS, apply_checkpoint, build_on_meta, check_args, checkpoint_modules,  # noqa: E402
+from .optimizers import paged_bytes, resolve_optimizer  # noqa: E402
+from .step import (OPTIMIZERS, Loop, apply_checkpoint, build_on_meta, check_args, checkpoint_modules,  # noqa: E402
                    count_params, init_parameters, make_optimizer, materialize, run_steps)
 from .strategies import (STRATEGIES, ZeRO1, ZeRO2, device_mesh, optimizer_class, prepare,  # noqa: E402
                          ranks_to_estimate, resolve_strategy, zero2_candidates, zero_partition)
@@ -122,6 +123,10 @@ class Estimate:
             ``fits`` then compares it with the budget. ``None`` with exact accounting.
         allocator: ``"exact"`` (each storage's bytes, 512-byte blocks on a CUDA preset) or
             ``"caching"`` (:mod:`vramlab.sim.allocator`: blocks and segments as PyTorch's).
+        accumulate: micro-batches per optimizer step (``batch_size`` is one micro-batch's).
+        paged: bytes of optimizer state in CUDA unified memory (bitsandbytes' paged optimizers,
+            :mod:`vramlab.sim.optimizers`): outside PyTorch's allocator, so in neither ``peak`` nor
+            ``peak_reserved`` nor the verdict; the driver moves it to host RAM when the card is short.
         num_alloc_retries: with the caching allocator on a card, how many times it emptied its
             cache at the card's limit to go on (torch's ``num_alloc_retries``), when the step fits;
             ``None`` otherwise. With the caching allocator on a card, ``fits`` is the allocator's own
@@ -154,6 +159,8 @@ class Estimate:
     peak_reserved: Optional[int] = None
     allocator: str = "exact"
     num_alloc_retries: Optional[int] = None
+    accumulate: int = 1
+    paged: int = 0
 
     @property
     def model_states_total(self) -> int:
@@ -348,12 +355,29 @@ def target(device: Any) -> Target:
 def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, step: str, steps: int,
                   prec: Precision, method: str, t0: float, notes: list[str], checkpointed: int = 0,
                   parallel: Optional[tuple[int, str, int, dict[int, int]]] = None,
-                  limit: Optional[tuple[bool, Optional[str]]] = None) -> Estimate:
+                  limit: Optional[tuple[bool, Optional[str]]] = None, loop: Optional[Loop] = None,
+                  paged: int = 0) -> Estimate:
     """The :class:`Estimate` of a ledger's books after a run: its peak, breakdown and model
     states, the verdict on ``tgt``; ``parallel``: ``(world_size, strategy, rank, rank_peaks)``;
     ``limit``: ``(fits, what the refused request was)`` when the caching allocator ran at the
     card's limit (the verdict is then its own: ``acct`` is that run's books when it fitted,
-    else an unbounded run's, for what the step needs)."""
+    else an unbounded run's, for what the step needs); ``loop``: how the steps ran; ``paged``: bytes
+    of optimizer state in unified memory (:attr:`Estimate.paged`)."""
+    loop = loop if loop is not None else Loop()
+    if loop.accumulate > 1:
+        notes.append(tr("gradient accumulation: {n} micro-batches of {batch} per optimizer step (an effective batch "
+                        "of {total}); the gradients are held from the first micro-batch to the step",
+                        n=loop.accumulate, batch=batch_size, total=batch_size * loop.accumulate))
+    if not loop.set_to_none:
+        notes.append(tr("zero_grad(set_to_none=False): the gradients stay allocated, zeroed, between steps"))
+    if loop.step_in_backward:
+        notes.append(tr("the optimizer step runs inside backward (one optimizer per parameter, stepped by its "
+                        "post-accumulate-grad hook): each gradient is freed as soon as it is applied"))
+    if paged:
+        notes.append(tr("{paged} of optimizer state is in CUDA unified memory (a paged optimizer): it is outside "
+                        "PyTorch's allocator, so it is in neither peak nor verdict; it occupies the card while "
+                        "there is room, and the driver pages it to host RAM when the allocator needs the memory",
+                        paged=format_bytes(paged)))
     budget = None if tgt.capacity is None else tgt.capacity - tgt.context
     if tgt.context and tgt.published_context:
         notes.append(tr("{context} set aside for the CUDA context (a figure published for this card under torch 2.x; "
@@ -385,7 +409,8 @@ def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, 
         batch_size=batch_size, step=step, steps=steps, dtype=prec.label,
         round_blocks=acct.round_blocks, method=method, seconds=time.perf_counter() - t0, notes=tuple(notes),
         model_states=states, precision=prec.name, checkpoint=checkpointed, peak_reserved=reserved,
-        allocator="caching" if acct.allocator is not None else "exact", **extra)
+        allocator="caching" if acct.allocator is not None else "exact", accumulate=loop.accumulate, paged=paged,
+        **extra)
 
 
 def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
@@ -393,7 +418,8 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
              device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
              steps: Optional[int] = None, round_blocks: Optional[bool] = None, world_size: int = 1,
              strategy: Any = None, rank: Union[None, int, str] = None, precision: Optional[str] = None,
-             checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None) -> Estimate:
+             checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None,
+             accumulate: int = 1, set_to_none: bool = True, step_in_backward: bool = False) -> Estimate:
     """Estimate the peak memory of a step without allocating it (see module docs).
 
     Args:
@@ -402,8 +428,11 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             (``model(**batch)``) or a tuple ``(inputs, *targets)`` (``model(inputs)``, then
             ``loss_fn(output, *targets)``). It runs under ``FakeTensorMode``.
         batch_size: the batch size passed to ``make_batch``.
-        optimizer: ``None`` (backward only), a name (``"adamw"``), an Optimizer class, or a
-            factory ``params -> optimizer``.
+        optimizer: ``None`` (backward only), a name (``"adamw"``, ``"paged_adamw8bit"``), an
+            Optimizer class (bitsandbytes' too), or a factory ``params -> optimizer``; bitsandbytes'
+            8-bit and paged optimizers are estimated from their memory layout, and a factory is
+            probed once for the class and settings ZeRO and master weights need
+            (:mod:`vramlab.sim.optimizers`).
         dtype: cast the model and the batch's floating tensors to it (``torch.bfloat16``): the
             older spelling of ``precision="bf16-true"``.
         precision: Lightning's names: ``"32-true"`` (default), ``"bf16-mixed"``, ``"16-mixed"``,
@@ -435,6 +464,12 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             for ZeRO rank 0, the rank the partition rule gives the most elements and, under ZeRO-2,
             the ranks that may peak at the end of backward (the highest peak is reported,
             ``rank_peaks`` has those run), rank 0 for DDP and FSDP (their ranks hold alike).
+        accumulate: micro-batches per optimizer step (gradient accumulation; ``batch_size`` is
+            one micro-batch); ``steps`` counts optimizer steps.
+        set_to_none: as ``optimizer.zero_grad(set_to_none=...)``: ``False`` keeps the gradients,
+            zeroed, between steps.
+        step_in_backward: the optimizer step fused into backward (one device; see
+            :class:`~vramlab.sim.step.Loop`).
 
     A model without trainable parameters has nothing to backpropagate: with an optimizer or a
     strategy, ``ValueError``; without, a training step is estimated as its forward pass (its
@@ -456,12 +491,15 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     prec = resolve_precision(precision, dtype)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
     conf = allocator_conf(resolve_allocator(allocator, alloc_conf, tgt), alloc_conf)
+    optimizer = resolve_optimizer(optimizer)
+    loop = Loop(accumulate, set_to_none, step_in_backward)
     if strategy is not None or world_size != 1:
         return _estimate_parallel(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, prec=prec,
                                   train=train, step=step, steps=steps, tgt=tgt, rb=rb, loss_fn=loss_fn,
                                   world_size=world_size, strategy=strategy, rank=rank, checkpoint=checkpoint, t0=t0,
-                                  conf=conf)
+                                  conf=conf, loop=loop)
     plan = prec.plan(None)
+    loop.check(optimizer=optimizer, scale_loss=plan.scale_loss and train, strategy=None)
     model = build_on_meta(build_model, plan.model_dtype)
     notes: list[str] = []
     lacking = _no_trainable_parameters(model)
@@ -486,17 +524,18 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         with FakeTensorMode(allow_non_fake_inputs=True):
             hooks.install()
             try:
-                with acct, tgt.kernels(acct):
+                with acct, tgt.kernels(acct) as kern:
                     materialize(model)
                     init_parameters(model)
                     hooks.classify_module(model, recurse=True)
                     wrap = MasterWeights.of if plan.master_weights else None
-                    opt = make_optimizer(optimizer, model, tgt.cuda_like, wrap)
+                    opt = make_optimizer(optimizer, model, tgt.cuda_like, wrap, loop)
                     scaler = LossScaler("cpu") if plan.scale_loss and train else None
-                    run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
+                    run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler, loop)
             finally:
                 hooks.remove()
-        return acct, len(ckpt), (model, opt)  # kept alive to the result: ``after`` is what the step keeps
+        # kept alive to the result: ``after`` is what the step keeps (the cuBLAS workspace too, as torch keeps it)
+        return acct, len(ckpt), (model, opt, kern, scaler)
 
     def rebuild() -> None:
         nonlocal model
@@ -506,7 +545,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     acct, nck, _kept = limit.run(run, before_retry=rebuild)
     return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
                          prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=nck,
-                         limit=limit.verdict)
+                         limit=limit.verdict, loop=loop, paged=paged_bytes(_kept[1]))
 
 
 _T = TypeVar("_T")
@@ -591,7 +630,8 @@ def _no_trainable_parameters(model: nn.Module) -> Optional[str]:
 def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
                        optimizer: Any, prec: Precision, train: bool, step: str, steps: int, tgt: Target,
                        rb: bool, loss_fn: Any, world_size: int, strategy: Any, rank: Union[None, int, str],
-                       checkpoint: Any, t0: float, conf: Optional[AllocConf] = None) -> Estimate:
+                       checkpoint: Any, t0: float, conf: Optional[AllocConf] = None,
+                       loop: Optional[Loop] = None) -> Estimate:
     """One rank of a data-parallel step: torch's wrapper on a fake process group."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -607,6 +647,8 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                                                 or not 0 <= rank < ws):
         raise ValueError(f"rank must be an integer in [0, {ws}) or 'all'; got {rank!r}")
     plan = prec.plan(strat.name)
+    loop = (loop if loop is not None else Loop()).check(optimizer=optimizer, scale_loss=plan.scale_loss,
+                                                        strategy=strat.name)
     notes: list[str] = []
     if isinstance(strat, ZeRO2):
         notes.append(tr("zero2 is vramlab's model (gradients reduced to their owner rank, no buckets): torch has no "
@@ -627,6 +669,8 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     params: list[Any] = []
 
     def run_rank(r: int, books: Optional[CachingAllocator], on_oom: Any) -> tuple[ShardLedger, Any, Any, int]:
+        kern: Any = None
+        scaler: Optional[LossScaler] = None
         nonlocal params
         model = build_on_meta(build_model, plan.model_dtype)  # built and cast before the fake mode and the ledger
         acct = ShardLedger(None, round_blocks=rb, fake=True, allocator=books, no_values=_no_values)
@@ -639,7 +683,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                 hooks.install()
                 extra: list[Any] = []
                 try:
-                    with acct, tgt.kernels(acct):
+                    with acct, tgt.kernels(acct) as kern:
                         ckpt = len(checkpoint_modules(model, checkpoint))
                         model, opt, extra = prepare(strat, model, plan, optimizer, tgt.cuda_like, acct, hooks, mesh,
                                                     checkpoint)
@@ -649,12 +693,13 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                             note = functools.partial(_note_ready, record, index, acct)
                             extra.extend(p.register_post_accumulate_grad_hook(note) for p in params)
                         scaler = LossScaler("cpu") if plan.scale_loss else None
-                        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
+                        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler,
+                                  loop)
                 finally:
                     for h in extra:
                         h.remove()
                     hooks.remove()
-        return acct, model, opt, ckpt
+        return acct, (model, kern, scaler), opt, ckpt  # the cuBLAS workspace and the scaler stay, as torch keeps them
 
     for r in ranks:
         # As for one device: each rank's verdict is its caching allocator's at the card's limit;
@@ -680,4 +725,4 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,
                          method="estimated (FakeTensorMode, fake process group)", t0=t0, notes=notes,
                          checkpointed=ckpt, parallel=(ws, strat.name, r, peaks),
-                         limit=limit.verdict)
+                         limit=limit.verdict, loop=loop, paged=paged_bytes(_opt))

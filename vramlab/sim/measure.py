@@ -23,9 +23,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from .estimate import Estimate, allocator_conf, make_estimate, resolve_allocator, target  # noqa: E402
+from .optimizers import paged_bytes, resolve_optimizer  # noqa: E402
 from .precision import LossScaler, MasterWeights, resolve_precision  # noqa: E402
 from .ranks import check_world_size, run_ranks  # noqa: E402
-from .step import (apply_checkpoint, build_on_meta, check_args, checkpoint_modules, count_params,  # noqa: E402
+from .step import (Loop, apply_checkpoint, build_on_meta, check_args, checkpoint_modules, count_params,  # noqa: E402
                    init_parameters, make_optimizer, materialize, run_steps, to_device)
 from .strategies import device_mesh, prepare, resolve_strategy  # noqa: E402
 from .virtual_gpu import VirtualGPU  # noqa: E402
@@ -114,7 +115,8 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
             optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
             device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
             steps: Optional[int] = None, round_blocks: Optional[bool] = None, precision: Optional[str] = None,
-            checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None) -> Estimate:
+            checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None,
+            accumulate: int = 1, set_to_none: bool = True, step_in_backward: bool = False) -> Estimate:
     """Run the same step as :func:`~vramlab.sim.estimate.estimate` for real, on the CPU, under a VirtualGPU.
 
     Same arguments and result; the model is built on the meta device and materialised
@@ -127,6 +129,9 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
     tgt = target(device)
     prec = resolve_precision(precision, dtype)
     plan = prec.plan(None)
+    optimizer = resolve_optimizer(optimizer)
+    loop = Loop(accumulate, set_to_none, step_in_backward).check(optimizer=optimizer,
+                                                                 scale_loss=plan.scale_loss and train, strategy=None)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
     model = build_on_meta(build_model, plan.model_dtype)
     ckpt = checkpoint_modules(model, checkpoint)
@@ -140,13 +145,15 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
         materialize(model)
         init_parameters(model)
         gpu.adopt(model)  # created inside: this gives them their categories
-        opt = make_optimizer(optimizer, model, tgt.cuda_like, MasterWeights.of if plan.master_weights else None)
+        opt = make_optimizer(optimizer, model, tgt.cuda_like, MasterWeights.of if plan.master_weights else None,
+                             loop)
         scaler = LossScaler("cpu") if plan.scale_loss and train else None
-        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler)
+        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler, loop)
     bounded = gpu.allocator_kind == "caching" and tgt.capacity is not None
     return make_estimate(gpu.ledger, tgt, n_params=count_params(model), batch_size=batch_size, step=step,
                          steps=steps, prec=prec, method="measured (VirtualGPU)", t0=t0, notes=[],
-                         checkpointed=len(ckpt), limit=(True, None) if bounded else None)
+                         checkpointed=len(ckpt), limit=(True, None) if bounded else None, loop=loop,
+                         paged=paged_bytes(opt))
 
 
 def warm_up_cuda(torch_mod: Any = torch, device: str = "cuda:0") -> None:

@@ -214,12 +214,6 @@ def _norm(name: str) -> str:
     return re.sub(r"(\d+)g(b)?$", r"\1gb", s)
 
 
-_INDEX: dict[str, GPUPreset] = {}
-for _p in GPU_PRESETS:
-    for _n in (_p.name, *_p.aliases):
-        _INDEX.setdefault(_norm(_n), _p)
-
-
 def preset_names() -> list[str]:
     """The canonical preset names, in table order."""
     return [p.name for p in GPU_PRESETS]
@@ -251,6 +245,13 @@ _ASSUMED = ("assumed: no figure measured under torch 2.x with lazy loading was f
 GPU_PRESETS = tuple(
     replace(p, context_overhead=CONTEXT_FIGURES[p.name][0], context_source=CONTEXT_FIGURES[p.name][1])
     if p.name in CONTEXT_FIGURES else replace(p, context_source=_ASSUMED) for p in GPU_PRESETS)
+
+# built from the presets above, with their context figures (an index built before would hand out
+# the presets without them)
+_INDEX: dict[str, GPUPreset] = {}
+for _p in GPU_PRESETS:
+    for _n in (_p.name, *_p.aliases):
+        _INDEX.setdefault(_norm(_n), _p)
 
 
 def get_preset(name: str | GPUPreset) -> GPUPreset:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from .._extras import require_torch
@@ -23,11 +24,13 @@ require_torch("vramlab's simulator")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from .optimizers import BNB_NAMES, OptimizerChoice, StepInBackward  # noqa: E402
 from .precision import LossScaler, Plan, autocast  # noqa: E402
 
 __all__ = ["OPTIMIZERS", "CHECKPOINT_CHOICES", "default_loss", "cast_batch", "forward", "make_optimizer",
            "materialize", "init_parameters", "run_steps", "build_on_meta", "count_params", "check_args",
-           "to_device", "default_units", "checkpoint_modules", "apply_checkpoint", "optimizer_spec"]
+           "to_device", "default_units", "checkpoint_modules", "apply_checkpoint", "optimizer_spec", "Loop",
+           "MAX_ACCUMULATE"]
 
 #: Optimizers by name, for ``optimizer="adamw"``.
 OPTIMIZERS: dict[str, type] = {
@@ -36,7 +39,58 @@ OPTIMIZERS: dict[str, type] = {
     "sgd": torch.optim.SGD,
     "rmsprop": torch.optim.RMSprop,
     "adagrad": torch.optim.Adagrad,
+    **BNB_NAMES,  # bitsandbytes' 8-bit and paged optimizers, as their layout (vramlab.sim.optimizers)
 }
+
+#: the most micro-batches per optimizer step ``accumulate=`` takes.
+MAX_ACCUMULATE = 65536
+
+
+@dataclass(frozen=True)
+class Loop:
+    """How a training script runs its steps, where it changes what memory holds.
+
+    Attributes:
+        accumulate: micro-batches per optimizer step (gradient accumulation): each runs
+            forward and backward on ``batch_size`` samples, the gradients add up in place
+            between them (the loss divided by ``accumulate``), then one optimizer step.
+        set_to_none: as ``optimizer.zero_grad(set_to_none=...)``: ``True`` (torch's default
+            since 2.0) frees the gradients after the step; ``False`` keeps them, zeroed, so they
+            are held through the next forward.
+        step_in_backward: the optimizer step fused into backward (one optimizer per parameter,
+            stepped by its post-accumulate-grad hook, :class:`~vramlab.sim.optimizers.StepInBackward`):
+            each gradient is freed as soon as it is applied. One device only; not with
+            ``accumulate > 1`` (each gradient is applied as soon as it is ready) nor with loss
+            scaling (``"16-mixed"``: unscaling and the inf check need every gradient first).
+    """
+
+    accumulate: int = 1
+    set_to_none: bool = True
+    step_in_backward: bool = False
+
+    def check(self, *, optimizer: Any, scale_loss: bool, strategy: Optional[str]) -> "Loop":
+        """This loop, or one ``ValueError`` naming the argument that cannot be."""
+        a = self.accumulate
+        if isinstance(a, bool) or not isinstance(a, int) or not 1 <= a <= MAX_ACCUMULATE:
+            raise ValueError(f"accumulate must be an integer from 1 to {MAX_ACCUMULATE} (micro-batches per optimizer "
+                             f"step); got {a!r}")
+        if not isinstance(self.set_to_none, bool):
+            raise ValueError(f"set_to_none must be True or False; got {self.set_to_none!r}")
+        if not isinstance(self.step_in_backward, bool):
+            raise ValueError(f"step_in_backward must be True or False; got {self.step_in_backward!r}")
+        if self.step_in_backward:
+            if optimizer is None:
+                raise ValueError("step_in_backward=True fuses the optimizer step into backward: it needs an optimizer")
+            if a > 1:
+                raise ValueError("step_in_backward=True applies each gradient as soon as it is ready, so it cannot "
+                                 f"accumulate {a} micro-batches (as in PyTorch's tutorial); use accumulate=1")
+            if scale_loss:
+                raise ValueError("step_in_backward=True cannot run with loss scaling (precision '16-mixed'): the "
+                                 "scaler unscales and checks every gradient before any step; use 'bf16-mixed'")
+            if strategy is not None:
+                raise ValueError(f"step_in_backward=True is estimated on one device; strategy {strategy!r} reduces "
+                                 "the gradients in its own hooks first")
+        return self
 
 #: ``checkpoint=`` by name: ``"layers"`` checkpoints each unit of :func:`default_units`.
 CHECKPOINT_CHOICES: tuple[str, ...] = ("layers",)
@@ -116,27 +170,57 @@ def optimizer_spec(spec: Any) -> Any:
     return spec
 
 
-def make_optimizer(spec: Any, model: nn.Module, cuda_like: bool, wrap: Optional[Callable[[type], type]] = None
-                   ) -> Optional[torch.optim.Optimizer]:
+def _class_kwargs(cls: type, cuda_like: bool) -> dict[str, Any]:
+    if cuda_like and "foreach" in inspect.signature(cls).parameters:
+        return {"foreach": True}  # CUDA's default: the multi-tensor path and its intermediates
+    return {}
+
+
+def make_optimizer(spec: Any, model: nn.Module, cuda_like: bool, wrap: Optional[Callable[..., type]] = None,
+                   loop: Optional[Loop] = None) -> Any:
     """The optimizer of ``model``'s trainable parameters from a name, a class or a factory
-    (``params -> optimizer``); ``None`` for none. ``cuda_like``: a class gets ``foreach=True``
-    (CUDA's default, whose intermediate lists take memory). ``wrap``: applied to the class
-    (e.g. :meth:`~vramlab.sim.precision.MasterWeights.of`)."""
+    (``params -> optimizer``, or an :class:`~vramlab.sim.optimizers.OptimizerChoice`); ``None``
+    for none. ``cuda_like``: a class gets ``foreach=True`` (CUDA's default, whose intermediate
+    lists take memory). ``wrap``: applied to the class and its settings (e.g.
+    :meth:`~vramlab.sim.precision.MasterWeights.of`). ``loop.step_in_backward``: one optimizer
+    per parameter, stepped in backward (:class:`~vramlab.sim.optimizers.StepInBackward`)."""
     if spec is None:
         return None
     spec = optimizer_spec(spec)
     params = [p for p in model.parameters() if p.requires_grad]
+    build: Callable[[list[Any]], Any]
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
-        kw: dict[str, Any] = {}
-        if cuda_like and "foreach" in inspect.signature(spec).parameters:
-            kw["foreach"] = True  # CUDA's default: the multi-tensor path and its intermediates
-        return (wrap(spec) if wrap is not None else spec)(params, **kw)
-    if callable(spec):
+        kw = _class_kwargs(spec, cuda_like)
+        cls = wrap(spec) if wrap is not None else spec
+        build = functools.partial(cls, **kw)
+    elif isinstance(spec, OptimizerChoice) and wrap is not None:
+        if spec.cls is None:
+            raise TypeError("mixed precision with master weights needs the optimizer's class (it keeps float32 copies "
+                            f"of the parameters for it), and the factory could not be probed: {spec.why_not}")
+        inner = {k: v for k, v in spec.kwargs.items() if not (k == "foreach" and v is None)}
+        build = functools.partial(wrap(spec.cls, **inner), **_class_kwargs(spec.cls, cuda_like))
+    elif callable(spec):
         if wrap is not None:
-            raise TypeError("mixed precision with master weights needs the optimizer as a name or an Optimizer "
-                            f"class (it keeps float32 copies of the parameters for it); got {spec!r}")
-        return spec(params)
-    raise TypeError(f"optimizer must be a name, an Optimizer class or a factory; got {spec!r}")
+            raise TypeError("mixed precision with master weights needs the optimizer as a name, an Optimizer "
+                            f"class or a factory vramlab can probe; got {spec!r}")
+        build = spec
+    else:
+        raise TypeError(f"optimizer must be a name, an Optimizer class or a factory; got {spec!r}")
+    if cuda_like and not isinstance(spec, type):
+        build = functools.partial(_cuda_default_foreach, build)
+    if loop is not None and loop.step_in_backward:
+        return StepInBackward(build, params)
+    return build(params)
+
+
+def _cuda_default_foreach(build: Callable[[list[Any]], Any], params: list[Any]) -> Any:
+    """A factory's optimizer as CUDA runs it: a group that left ``foreach`` unset takes the
+    multi-tensor path (torch picks it when every tensor is on CUDA; the fake ones are on the CPU)."""
+    opt = build(params)
+    for g in getattr(opt, "param_groups", []):
+        if "foreach" in g and g["foreach"] is None:
+            g["foreach"] = True
+    return opt
 
 
 def materialize(model: nn.Module) -> None:
@@ -170,31 +254,37 @@ def init_parameters(model: nn.Module) -> None:
 
 def run_steps(model: nn.Module, make_batch: Callable[[int], Any], batch_size: int, opt: Any, loss_fn: Any,
               plan: Plan, train: bool, steps: int, device_type: str = "cpu",
-              scaler: Optional[LossScaler] = None) -> None:
+              scaler: Optional[LossScaler] = None, loop: Optional[Loop] = None) -> None:
     """Run ``steps`` steps: the batch cast as ``plan`` says, the forward under its autocast
-    (``device_type``'s), and for training the loss (scaled by ``scaler``), backward,
-    unscale, optimizer step and ``zero_grad(set_to_none=True)``."""
+    (``device_type``'s), and for training, per micro-batch of ``loop.accumulate``, the loss
+    (divided by ``accumulate`` when above 1, scaled by ``scaler``) and backward; then unscale,
+    the optimizer step and ``zero_grad(set_to_none=loop.set_to_none)`` (none of them when the
+    step runs in backward)."""
+    loop = loop if loop is not None else Loop()
     for _ in range(steps):
-        batch = cast_batch(make_batch(batch_size), plan.batch_dtype)
-        if train:
+        if not train:
+            batch = cast_batch(make_batch(batch_size), plan.batch_dtype)
+            with torch.no_grad(), autocast(device_type, plan.autocast):
+                out = forward(model, batch, loss_fn, False)
+            del out, batch
+            continue
+        for _micro in range(loop.accumulate):
+            batch = cast_batch(make_batch(batch_size), plan.batch_dtype)
             with autocast(device_type, plan.autocast):
                 loss = forward(model, batch, loss_fn, True)
+            if loop.accumulate > 1:
+                loss = loss / loop.accumulate
             if scaler is not None:
                 loss = scaler.scale(loss)
             loss.backward()
-            del loss
-            if scaler is not None:
-                scaler.unscale(model.parameters())
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            else:
-                model.zero_grad(set_to_none=True)
+            del loss, batch
+        if scaler is not None:
+            scaler.unscale(model.parameters())
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=loop.set_to_none)
         else:
-            with torch.no_grad(), autocast(device_type, plan.autocast):
-                out = forward(model, batch, loss_fn, False)
-            del out
-        del batch
+            model.zero_grad(set_to_none=loop.set_to_none)
 
 
 def build_on_meta(build_model: Callable[[], nn.Module], dtype: Optional[torch.dtype]) -> nn.Module:

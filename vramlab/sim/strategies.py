@@ -76,6 +76,7 @@ from torch.nn.parallel.distributed import _BufferCommHookLocation  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from .ledger import Ledger, LedgerHooks  # noqa: E402
+from .optimizers import OptimizerChoice  # noqa: E402
 from .precision import MasterWeights, Plan  # noqa: E402
 from .step import (apply_checkpoint, checkpoint_modules, default_units, init_parameters,  # noqa: E402
                    make_optimizer, materialize, optimizer_spec)
@@ -211,14 +212,18 @@ def zero2_candidates(numels: list[int], ready: list[tuple[int, int]], world_size
     return sorted(above, key=lambda r: (-best[r], r))[:most]
 
 
-def optimizer_class(spec: Any) -> type:
-    """The Optimizer class ZeroRedundancyOptimizer needs, from a name or a class; a factory
-    or an instance gets one ``TypeError``."""
+def optimizer_class(spec: Any) -> tuple[type, dict[str, Any]]:
+    """The Optimizer class ZeroRedundancyOptimizer needs and the keyword arguments to pass it,
+    from a name, a class or a probed factory (:func:`~vramlab.sim.optimizers.resolve_optimizer`:
+    its class and settings); a factory that could not be probed, or an instance, gets one ``TypeError``."""
     cls = optimizer_spec(spec)
+    if isinstance(cls, OptimizerChoice) and cls.cls is not None:
+        return cls.cls, dict(cls.kwargs)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        raise TypeError("ZeRO strategies need the optimizer as a name or an Optimizer class (ZeroRedundancyOptimizer "
-                        f"builds one per partition); got {spec!r}")
-    return cls
+        why = f" ({cls.why_not})" if isinstance(cls, OptimizerChoice) else ""
+        raise TypeError("ZeRO strategies need the optimizer as a name, an Optimizer class or a factory vramlab can "
+                        f"probe (ZeroRedundancyOptimizer builds one per partition from a class); got {spec!r}{why}")
+    return cls, {}
 
 
 def _local(t: Any) -> Any:
@@ -374,12 +379,11 @@ def prepare(strategy: Strategy, model: nn.Module, plan: Plan, optimizer: Any, cu
     if isinstance(strategy, (ZeRO1, ZeRO2)) and optimizer is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        cls = optimizer_class(optimizer)
-        kw: dict[str, Any] = {}
-        if cuda_like and "foreach" in inspect.signature(cls).parameters:
-            kw["foreach"] = True
+        cls, kw = optimizer_class(optimizer)
+        if cuda_like and "foreach" in inspect.signature(cls).parameters and kw.get("foreach") is None:
+            kw["foreach"] = True  # CUDA's default, where the settings leave it unset
         if wrap is not None:
-            cls = wrap(cls)
+            cls, kw = wrap(cls, **kw), {k: v for k, v in kw.items() if k == "foreach"}
         params = [p for p in model.parameters() if p.requires_grad]
         pab = getattr(strategy, "parameters_as_bucket_view", False)
         opt = ZeroRedundancyOptimizer(params, optimizer_class=cls, parameters_as_bucket_view=pab, **kw)
