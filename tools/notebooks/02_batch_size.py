@@ -180,8 +180,10 @@ for name, sheet, usable, b, it, fit_in, fit_out in rows:
     sheet_gb = f"{sheet // 2**30} GB"  # the datasheet's "GB", which is GiB of DRAM
     print(f"{name:<18}{sheet_gb:>11}{format_bytes(usable):>12}{b:>15,}{it:>18,}  {fit_in}, {fit_out}")
 print(tr("usable: the total the card reports (nvidia-smi, cited in vramlab.sim.presets) minus the modelled "
-         "CUDA context of {context}; not yet read on a card by vramlab",
-         context=format_bytes(vramlab.sim.CUDA_CONTEXT_OVERHEAD)))
+         "CUDA context ({contexts}: a figure published under torch 2.x where one was found, else assumed); not "
+         "yet read on a card by vramlab",
+         contexts=", ".join(f"{p.name} {format_bytes(p.context_overhead)}"
+                            for p in map(get_preset, ["T4", "A100-80GB", "H200"]))))
 
 # %% [markdown]
 # A card with 10× the memory runs a 10× larger batch of this model, and so needs a tenth of the

@@ -54,8 +54,10 @@ MiB, GiB = 2**20, 2**30
 # segment, so the estimate models that allocator and compares what it **reserves** at the peak
 # (`Estimate.needed`, a little above the tensors' bytes) with the card. And what counts is not the
 # datasheet's size but what tensors can get: the
-# total the card reports (`nvidia-smi`: a T4 shows 15360 MiB) less the CUDA context, modelled as
-# 0.5 GiB (`GPUPreset.usable`; the sources are cited in `vramlab.sim.presets`). The T4 has no bf16
+# total the card reports (`nvidia-smi`: a T4 shows 15360 MiB) less the CUDA context, modelled per
+# card at about 0.5 GiB (`GPUPreset.usable`: 481 MiB on the A100 and 534 MiB on the H100 and H200,
+# figures published under torch 2.x; 512 MiB assumed on the T4; the sources are cited in
+# `vramlab.sim.presets`). The T4 has no bf16
 # arithmetic: fp16 would be used there, with the same bytes.
 #
 # **Predict.** Which of the five fit on an 80 GB card? Which on a T4? Which on the H200?

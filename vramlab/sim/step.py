@@ -237,7 +237,8 @@ def materialize(model: nn.Module) -> None:
                 new = memo.get(id(t))
                 if new is None:
                     keep.append(t)
-                    data = torch.empty_like(t, device="cpu")
+                    # a tensor built with its values (_MetaParameters) keeps them; a meta one gets storage
+                    data = torch.empty_like(t, device="cpu") if t.is_meta else t.detach().clone()
                     new = nn.Parameter(data, requires_grad=t.requires_grad) if is_param else data
                     memo[id(t)] = new
                 slots[name] = new
@@ -287,10 +288,40 @@ def run_steps(model: nn.Module, make_batch: Callable[[int], Any], batch_size: in
             model.zero_grad(set_to_none=loop.set_to_none)
 
 
+class _MetaParameters(torch.overrides.TorchFunctionMode):
+    """``torch.device("meta")`` for what may become a parameter: a floating-point tensor made by
+    a constructor (``empty``, ``zeros``, ``randn``, ...) is a meta tensor. Integer and boolean
+    tensors (position ids, token type ids, causal masks) and tensors made from data (``tensor``,
+    ``arange``, ``linspace``, ...) are made on the CPU with their values: they are small, and a
+    step run for real from this model (:func:`~vramlab.sim.measure.measure`) indexes with them
+    (uninitialised position ids index out of range); a model's ``__init__`` may also read them
+    (``linspace(...).tolist()``), which a meta tensor cannot. :func:`materialize` keeps their values."""
+
+    _DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray, torch.arange, torch.range, torch.linspace,
+                       torch.logspace, torch.scalar_tensor, torch.tril_indices, torch.triu_indices, torch.randint,
+                       torch.randperm})
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils._device import _device_constructors
+
+        self._constructors = _device_constructors()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func in self._constructors and kwargs.get("device") is None and func not in self._DATA:
+            dtype = kwargs.get("dtype")
+            dtype = torch.get_default_dtype() if dtype is None else dtype
+            if dtype.is_floating_point or dtype.is_complex:
+                kwargs["device"] = torch.device("meta")
+        return func(*args, **kwargs)
+
+
 def build_on_meta(build_model: Callable[[], nn.Module], dtype: Optional[torch.dtype]) -> nn.Module:
-    """``build_model()`` under ``torch.device("meta")``, cast to ``dtype``: call it before any
+    """``build_model()`` with its parameters on the meta device (:class:`_MetaParameters`: small
+    integer and data tensors keep their values on the CPU), cast to ``dtype``: call it before any
     fake mode or ledger is active (a meta tensor cast under FakeTensorMode cannot be swapped)."""
-    with torch.device("meta"):
+    with _MetaParameters():
         model = build_model()
     if not isinstance(model, nn.Module):
         raise TypeError(f"build_model must return an nn.Module; got {type(model).__name__}")
