@@ -566,10 +566,34 @@ def _litgpt_row(id: str, mbs: int, measured_gb: str, quote: str) -> Row:
                "ran before the first step (smaller: inference-mode)."))
 
 
+def _litgpt_fsdp_row(id: str, mbs: int, measured_gb: str, quote: str) -> Row:
+    from vramlab.sim.strategies import FSDP
+
+    base = _litgpt_row(id, mbs, measured_gb, quote)
+    setup = base.setup
+
+    def make() -> Setup:
+        s = setup()
+        s.checkpoint, s.strategy = "layers", FSDP()  # units and checkpointing: every decoder layer (litgpt's Block)
+        return s
+
+    return Row(**{**base.__dict__, "setup": make, "checkpointing": "every Block (activation_checkpointing_policy={Block})",
+                  "strategy": "fsdp FULL_SHARD, auto_wrap_policy={Block} (2 GPUs)", "world_size": 2,
+                  "quote": f"{quote} (section 'Finetuning with LoRA on Multiple GPUs', 2 x A100; {LITGPT_TABLE_NOTE})",
+                  "notes": ("litgpt finetune/lora.py @8641822 with devices=2: FSDPStrategy(auto_wrap_policy={Block}, "
+                            "activation_checkpointing_policy={Block}, state_dict_type='full', limit_all_gathers=True, "
+                            "cpu_offload=False), Lightning 2.1's FSDP1 (use_orig_params). vramlab runs FSDP2 "
+                            "fully_shard on the same units, each checkpointed. Counter on rank 0, as L1-L3. "
+                            + base.notes)})
+
+
 LITGPT_ROWS = [
     _litgpt_row("L1", 1, "4.82", "| 1.3 B | phi-1.5 | None | 1 | 1,572,864 | 4.82 GB | 1.62 min |"),
     _litgpt_row("L2", 2, "6.76", "| 1.3 B | phi-1.5 | None | 2 | 1,572,864 | 6.76 GB | 1.65 min |"),
     _litgpt_row("L3", 4, "10.68", "| 1.3 B | phi-1.5 | None | 4 | 1,572,864 | 10.68 GB | 1.70 min |"),
+    _litgpt_fsdp_row("L4", 1, "4.86", "| 1.3 B | phi-1.5 | None | 1 | 1,572,864 | 2 x A100 | 4.86 GB |"),
+    _litgpt_fsdp_row("L5", 2, "5.05", "| 1.3 B | phi-1.5 | None | 2 | 1,572,864 | 2 x A100 | 5.05 GB |"),
+    _litgpt_fsdp_row("L6", 4, "5.88", "| 1.3 B | phi-1.5 | None | 4 | 1,572,864 | 2 x A100 | 5.88 GB |"),
 ]
 
 
@@ -937,6 +961,21 @@ DIAGNOSES: dict[str, str] = {
     "B8": (
         "the B1 activation shortfall, with bitsandbytes' 8-bit Adam in place of AdamW: measured B1 minus B8 is "
         "1864 MiB, vramlab's 1818 MiB (the optimizer part agrees); the rest is B1's per-sample gap."),
+    "L4": (
+        "vramlab's step is 2.70 GB per rank at micro-batch 1 (L5 3.13, L6 4.02) where 4.86 GB was measured. Found: "
+        "the measured run was Lightning 2.1's FSDP1, whose FlatParameter per Block holds the frozen base weights and "
+        "the trainable LoRA ones together; with use_orig_params torch keeps a gradient for every element of a "
+        "FlatParameter that has one trainable parameter (torch's FSDP docstring: mixing frozen and non-frozen "
+        "parameters gives 'higher than expected gradient memory usage'). vramlab runs FSDP2, which keeps gradients "
+        "for the adapters only. Those FSDP1 gradients are 1,208,500,224 frozen elements in the 24 Blocks, bf16: "
+        "1.21 GB per rank sharded plus 0.10 GB for the Block being reduced; with them the ratios would be 0.825, "
+        "0.878 and 0.906 (computed, not modelled: vramlab has no FSDP1). The remaining gap is fixed (~0.9 GB at "
+        "micro-batch 1, ~0.55 GB at 4) and not identified: litgpt's counter is never reset, so it also covers the "
+        "full-state-dict checkpoint loading, the validation and the generation that run before training. "
+        "Per sample, vramlab's step adds 0.44 GB and the measured peak 0.34 GB (HF's Phi attention here, "
+        "litgpt's own there)."),
+    "L5": "as L4 (ratio with FSDP1's gradients of the frozen weights: 0.878).",
+    "L6": "as L4 (ratio with FSDP1's gradients of the frozen weights: 0.906).",
     "F1": (
         "short by 3836 MiB, one float32 copy of the parameters (3848 MiB): vramlab's DDP step holds parameters, "
         "gradients, DDP's bucket copy of them, Adam's two states and one foreach intermediate (torch 2.13's "

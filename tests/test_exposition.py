@@ -203,7 +203,7 @@ def test_the_temporary_is_made_exclusively_in_the_same_folder_with_an_unpredicta
     write_textfile(path, snap)
     write_textfile(path, snap)
     [(kw, first), (_, second)] = made
-    assert kw["dir"] == str(tmp_path) and kw["prefix"] == ".vramlab.prom." and kw["suffix"] == ".tmp"
+    assert kw["dir"] == str(tmp_path) and kw["prefix"] == f".vramlab.prom.{os.getpid()}." and kw["suffix"] == ".tmp"
     assert first != second and not os.path.exists(first) and os.listdir(tmp_path) == ["vramlab.prom"]
 
 

@@ -40,14 +40,13 @@ paths are tested against a simulated NVIDIA driver only.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import tempfile
 from typing import Any, Iterator, Mapping, Optional
 
 from ._extras import require_prometheus_client
-from .model import Snapshot, _umask
+from .files import write_atomically
+from .model import Snapshot
 
 __all__ = ["SnapshotCollector", "exposition_text", "write_textfile", "check_labels"]
 
@@ -165,8 +164,8 @@ def write_textfile(path: str | os.PathLike[str], snap: Optional[Snapshot] = None
     """Write ``snap`` (default: a :func:`vramlab.reconcile.snapshot` read now) to ``path``, atomically.
 
     The text goes to a new temporary file beside ``path``, with a name no one can guess
-    (``.<name>.<random>.tmp``, which the textfile collector ignores, since it reads only
-    ``*.prom``), created exclusively (``O_EXCL``: a file or symbolic link planted there in
+    (``.<name>.<pid>.<random>.tmp``, which the textfile collector ignores, since it reads only
+    ``*.prom``; one left by a killed writer is removed at the next write: :mod:`vramlab.files`), created exclusively (``O_EXCL``: a file or symbolic link planted there in
     advance is never written through); it is flushed to disk, given the mode a new file gets
     under the umask (``0o666 & ~umask``, so a collector running as another user can read it),
     then renamed over ``path`` (``rename(2)``, atomic within one filesystem): a reader sees
@@ -184,36 +183,5 @@ def write_textfile(path: str | os.PathLike[str], snap: Optional[Snapshot] = None
         snap = snapshot()
     p = os.fspath(path)
     data: bytes = prometheus_client.generate_latest(_registry(snap, pid, labels))
-    _replace_atomically(p, data)
+    write_atomically(p, data)
     return p
-
-
-def _replace_atomically(path: str, data: bytes) -> None:
-    """Write ``data`` to a new temporary file beside ``path`` and rename it over ``path``
-    (see :func:`write_textfile`); the temporary file never outlives a failure."""
-    folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            try:
-                os.fsync(fd)
-            except OSError as e:
-                if e.errno != errno.EINVAL:  # EINVAL: a filesystem without fsync; anything else is a failed write
-                    raise
-            mode = 0o666 & ~_umask()  # mkstemp creates 0600; the collector may run as another user
-            if hasattr(os, "fchmod"):
-                os.fchmod(fd, mode)
-            else:  # pragma: no cover - Windows before Python 3.13
-                os.chmod(tmp, mode)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -21,8 +21,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import asdict, dataclass, field
-import tempfile
-from typing import IO, Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
+
+from .files import write_atomically
 
 __all__ = [
     "Consumer",
@@ -423,52 +424,6 @@ def _sample_row(s: Sample) -> dict[str, Any]:
     return row
 
 
-def _umask() -> int:
-    """The process's umask (permission bits), read without changing it where the OS says it
-    (Linux's ``/proc/self/status``); elsewhere set and restored at once."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _write_replacing(path: str, write: Callable[[IO[str]], None], newline: Optional[str] = None) -> None:
-    """Write ``path`` whole or not at all: ``write(f)`` fills a new temporary file in the same
-    folder, which then replaces ``path`` (``os.replace``: a symbolic link at ``path`` is
-    replaced, not followed). On any failure the temporary file is removed and ``path`` is
-    left as it was; an ``OSError`` is raised again with ``path`` in its message."""
-    parent = os.path.dirname(os.path.abspath(path))
-    tmp: Optional[str] = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        with os.fdopen(fd, "w", newline=newline) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            mode = 0o666 & ~_umask()
-            if hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), mode)
-            else:  # pragma: no cover - Windows
-                os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        why = f"cannot write {path!r}: {e.strerror or e}"
-        raise (OSError(e.errno, why) if e.errno is not None else OSError(why)) from e
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
 @dataclass(frozen=True)
 class History:
     """A frozen copy of the cell records, samples and markers."""
@@ -527,21 +482,20 @@ class History:
         if suffix == ".json":
             import json
 
-            data = self.to_dict()
-            _write_replacing(p, lambda f: json.dump(data, f, indent=1))
+            write_atomically(p, json.dumps(self.to_dict(), indent=1).encode("utf-8"))
             return p
         rows = self.cell_rows() if which == "cells" else self.sample_rows()
         cols: list[str] = []
         for r in rows:
             cols.extend(k for k in r if k not in cols)
         import csv
+        import io
 
-        def write_csv(f: IO[str]) -> None:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
-
-        _write_replacing(p, write_csv, newline="")
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+        write_atomically(p, buf.getvalue().encode("utf-8"))
         return p
 
     def text(self, last: int = 20) -> str:

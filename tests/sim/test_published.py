@@ -65,6 +65,11 @@ KNOWN_MISSES: dict[str, tuple[float, str]] = {
                   "1818 estimated)"),
     "B6": (0.877, "the B1 activation shortfall (~1512 MiB at batch 4); the Adafactor state agrees; B1's dropout "
                   "what-if gives 1.001"),
+    "L4": (0.555, "2 x A100 FSDP LoRA: Lightning 2.1's FSDP1 keeps gradients for the frozen weights that share a "
+                  "FlatParameter with the adapters (1.31 GB per rank; with them 0.825), vramlab's FSDP2 does not; the "
+                  "rest fixed and not identified (the counter also covers loading, validation and generation)"),
+    "L5": (0.619, "as L4 (0.878 with FSDP1's frozen-weight gradients)"),
+    "L6": (0.683, "as L4 (0.906 with FSDP1's frozen-weight gradients)"),
     "F1": (0.858, "one float32 copy of the parameters missing at the optimizer step (3836 of 3848 MiB; with it "
                   "1.000): the measured torch 2.1/Lightning 2.1 step held one more parameter-sized buffer; not "
                   "torch 2.1.0's foreach Adam (one intermediate, as 2.13's: read from its source); not identified"),
@@ -78,6 +83,9 @@ _MISS_MARKS: dict[str, tuple] = {
     "B8": (pytest.mark.slow, _ONLY_ALL),
     "B4": (pytest.mark.slow, _ONLY_ALL),
     "B6": (pytest.mark.slow, _ONLY_ALL),
+    "L4": (pytest.mark.slow, _ONLY_ALL),
+    "L5": (pytest.mark.slow, _ONLY_ALL),
+    "L6": (pytest.mark.slow, _ONLY_ALL),
     "F1": (pytest.mark.slow, _ONLY_ALL),
     "F3": (pytest.mark.slow, _ONLY_ALL),
     "F4": (pytest.mark.slow, _ONLY_ALL),
