@@ -27,7 +27,7 @@ def test_the_human_text_speaks_vramlab_lang_and_the_json_stays_english():
     helped = cli("--help", lang="pt-BR")
     assert "imprime a leitura em JSON" in helped.stdout and "print the snapshot as JSON" not in helped.stdout
     bad = cli("--watch", "x", lang="pt-BR")
-    assert bad.returncode == 2 and "não é um número de segundos" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "aceita um número de segundos" in bad.stderr and "Traceback" not in bad.stderr
     pt, en = json.loads(cli("--json", lang="pt-BR").stdout), json.loads(cli("--json").stdout)
     assert pt.keys() == en.keys() and pt["host"].keys() == en["host"].keys()  # what programs read stays English
     assert "process_rss" in pt["host"]

@@ -118,3 +118,50 @@ def test_what_looks_like_a_size():
         assert looks_like_size(text), text
     for text in ("T4", "A100-80GB", "H100", "Inferno", "nanny", "", 16, None):
         assert not looks_like_size(text), text
+
+
+@pytest.mark.parametrize("value,reason", [
+    ("fast", "not_a_number"), (None, "not_a_number"), (True, "not_a_number"), (float("nan"), "not_a_number"),
+    ("nan", "not_a_number"), (0, "too_short"), (-1, "too_short"), ("0.001", "too_short"),
+    (float("inf"), "too_long"), ("1e308", "too_long"),
+])
+def test_an_interval_that_cannot_be_used_is_one_typed_error(value, reason):
+    from vramlab.units import IntervalError, check_interval
+
+    with pytest.raises(IntervalError) as e:
+        check_interval(value)
+    assert e.value.reason == reason and e.value.got is value and isinstance(e.value, ValueError)
+
+
+def test_an_interval_is_read_from_a_number_or_its_text_within_the_bounds():
+    import threading
+
+    from vramlab.units import MIN_INTERVAL, check_interval
+
+    assert check_interval("0.25") == 0.25 and check_interval(2) == 2.0 and check_interval(MIN_INTERVAL) == MIN_INTERVAL
+    assert check_interval(threading.TIMEOUT_MAX) == threading.TIMEOUT_MAX
+    assert check_interval(0.5, minimum=0.5) == 0.5
+
+
+def test_every_edge_words_an_interval_problem_from_its_fields_in_both_languages():
+    """The CLI, the magic and the server refuse through the one validator; the words come from
+    display.text.interval_problem, translated (no message is parsed back)."""
+    from vramlab.display.text import interval_problem
+    from vramlab.i18n import set_lang
+    from vramlab.units import IntervalError, check_interval
+
+    problems = []
+    for value in ("fast", "0", "1e308"):
+        with pytest.raises(IntervalError) as e:
+            check_interval(value)
+        problems.append(e.value)
+    try:
+        set_lang("en")
+        english = [interval_problem(p, "--interval") for p in problems]
+        set_lang("pt-BR")
+        portuguese = [interval_problem(p, "--interval") for p in problems]
+    finally:
+        set_lang(None)
+    assert all(t.startswith("--interval takes") for t in english)
+    assert all(t.startswith("--interval aceita") for t in portuguese)
+    assert "'fast'" in english[0] and "0.01" in english[1] and "'1e308'" in english[2]

@@ -35,22 +35,20 @@ from typing import Iterator, Optional, Sequence
 
 from ._extras import MissingExtra, require_prometheus_client
 from ._version import __version__
-from .display.text import snapshot_text
+from .display.text import interval_problem, snapshot_text
 from .i18n import tr
 from .exposition import check_labels, exposition_text, write_textfile
 from .reconcile import snapshot
+from .units import IntervalError, check_interval
 
 __all__ = ["main"]
 
 
-def _positive_float(text: str) -> float:
+def _interval(text: str) -> float:
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(tr("not a number of seconds: {text!r}", text=text)) from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(tr("the interval must be a positive number of seconds, got {text!r}", text=text))
-    return v
+        return check_interval(text)
+    except IntervalError as e:
+        raise argparse.ArgumentTypeError(interval_problem(e, "--watch")) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--prometheus", nargs="?", const="-", metavar="FILE",
                      help=tr("write Prometheus' text format (node_exporter's textfile collector) atomically to FILE, "
                              "or to stdout without FILE; needs pip install 'vramlab[prometheus]'"))
-    p.add_argument("--watch", type=_positive_float, metavar="SECONDS", help=tr("refresh every SECONDS until Ctrl-C or SIGTERM"))
+    p.add_argument("--watch", type=_interval, metavar="SECONDS", help=tr("refresh every SECONDS until Ctrl-C or SIGTERM"))
     p.add_argument("--prometheus-label", action="append", default=[], metavar="KEY=VALUE",
                    help=tr("with --prometheus: add this label to every series (repeatable)"))
     p.add_argument("--uss", action="store_true", help=tr("also read this process's USS (slower)"))

@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["format_bytes", "parse_size", "looks_like_size", "MAX_SIZE"]
+__all__ = ["format_bytes", "parse_size", "looks_like_size", "MAX_SIZE", "MIN_INTERVAL", "IntervalError", "check_interval"]
+
+#: The shortest interval vramlab samples or refreshes at, in seconds.
+MIN_INTERVAL = 0.01
 
 _IEC = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -170,3 +173,44 @@ def _not_finite(text: str) -> bool:
     """``"nan"``, ``"inf"``, ``"-Infinity GiB"``: a non-finite number, with a known unit or none."""
     m = _NOT_FINITE_RE.match(text)
     return m is not None and m.group(1).lower() in _UNITS
+
+
+class IntervalError(ValueError):
+    """An interval that cannot be used, as a fact: ``reason`` is ``"not_a_number"``,
+    ``"too_short"`` or ``"too_long"``; ``got`` is what was given; ``minimum`` and ``maximum``
+    are the bounds, in seconds. Its ``str()`` is English; an edge that speaks the user's language
+    words it from the fields (:func:`vramlab.display.text.interval_problem`)."""
+
+    def __init__(self, reason: str, got: object, minimum: float, maximum: float) -> None:
+        self.reason, self.got, self.minimum, self.maximum = reason, got, minimum, maximum
+        if reason == "not_a_number":
+            text = f"an interval is a number of seconds, got {got!r}"
+        elif reason == "too_short":
+            text = f"the interval must be at least {minimum:g} s, got {got!r}"
+        else:
+            text = f"the interval must be at most {maximum:.0f} s (the longest wait a thread can make), got {got!r}"
+        super().__init__(text)
+
+
+def check_interval(value: object, *, minimum: float = MIN_INTERVAL, maximum: float | None = None) -> float:
+    """``value`` (a number, or a string of one) as an interval in seconds, or one
+    :class:`IntervalError`: not a number, NaN, below ``minimum``, or above ``maximum`` (default:
+    ``threading.TIMEOUT_MAX``, the longest wait a thread can make; infinity is above it). The one
+    check behind ``%vram watch --interval``, ``python -m vramlab --watch``, ``Sampler.start`` and
+    the server's ``refresh_interval``."""
+    import threading
+
+    most = threading.TIMEOUT_MAX if maximum is None else maximum
+    if isinstance(value, bool):
+        raise IntervalError("not_a_number", value, minimum, most)
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise IntervalError("not_a_number", value, minimum, most) from None
+    if math.isnan(v):
+        raise IntervalError("not_a_number", value, minimum, most)
+    if v < minimum:
+        raise IntervalError("too_short", value, minimum, most)
+    if v > most:
+        raise IntervalError("too_long", value, minimum, most)
+    return v

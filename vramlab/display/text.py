@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..i18n import tr, tr_note
 from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, FreedReport, History, HostDelta,
                      HostSnapshot, OOMExplanation, Snapshot)
-from ..units import format_bytes
+from ..units import IntervalError, format_bytes
 
 __all__ = ["host_labels", "device_labels", "snapshot_text", "text_bar", "children_extra", "unreadable_text", "record_text", "record_line", "history_text", "oom_text",
            "freed_text", "virtual_smi_text"]
@@ -355,3 +355,15 @@ def trial_line(n: int, batch: int, fits: bool, peak: Optional[int], lo: int, hi:
 def search_done_line(best: int, trials: int) -> str:
     """The last line of a batch search's progress."""
     return tr("[vramlab] max batch size {n} after {trials} trials", n=best, trials=trials)
+
+
+def interval_problem(e: IntervalError, option: str) -> str:
+    """Why ``option`` (``"--interval"``, ``"--watch"``) cannot take the value of ``e``, in the
+    user's language (the one wording of :class:`vramlab.units.IntervalError`)."""
+    got = repr(e.got)
+    if e.reason == "not_a_number":
+        return tr("{option} takes a number of seconds, got {got}", option=option, got=got)
+    if e.reason == "too_short":
+        return tr("{option} takes at least {least} seconds, got {got}", option=option, least=f"{e.minimum:g}", got=got)
+    return tr("{option} takes at most {most} seconds (the longest wait a thread can make), got {got}", option=option,
+              most=f"{e.maximum:.0f}", got=got)

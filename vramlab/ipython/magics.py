@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import os
 import shlex
-import threading
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
@@ -139,19 +137,19 @@ class VramMagics(Magics):
     def _cmd_watch(self, args: Any) -> Any:
         from .. import api
 
+        from ..display.text import interval_problem
+        from ..units import IntervalError, check_interval
+
         interval = None
         if args.interval is not None:
-            try:
-                interval = float(args.interval)
-            except ValueError:
-                raise UsageError(tr("--interval takes a number of seconds, got {got}", got=repr(args.interval))) from None
-            if math.isfinite(interval) and interval > threading.TIMEOUT_MAX:
-                raise UsageError(tr("--interval takes at most {most} seconds (the longest wait a thread can make), "
-                                    "got {got}", most=f"{threading.TIMEOUT_MAX:.0f}", got=repr(args.interval)))
+            try:  # checked here, before the sampler stops or starts anything
+                interval = check_interval(args.interval)
+            except IntervalError as e:
+                raise UsageError(interval_problem(e, "--interval")) from None
         try:
             mon = api.watch(interval)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        except IntervalError as e:
+            raise UsageError(interval_problem(e, "--interval")) from None
         if getattr(self.shell, "kernel", None) is None:
             # a terminal IPython has no widgets: the monitor shows only its name
             print(tr("[vramlab] the live monitor is a widget for Jupyter (JupyterLab, Notebook, VS Code); "

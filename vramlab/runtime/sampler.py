@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Deque, Optional
 
 from ..model import DeviceSample, Marker, Sample
+from ..units import MIN_INTERVAL, check_interval
 
 __all__ = ["Sample", "Marker", "Sampler", "get_sampler", "existing_sampler", "DEFAULT_INTERVAL", "RING_SIZE"]
 
@@ -33,7 +34,6 @@ DEFAULT_INTERVAL = 0.5  # seconds
 RING_SIZE = int(2 * 3600 / DEFAULT_INTERVAL)  # samples: 2 hours at the default rate
 MARKER_SIZE = 4096
 MAX_CONSECUTIVE_ERRORS = 20
-MIN_INTERVAL = 0.01  # seconds
 
 
 def _background_reading() -> Any:
@@ -94,12 +94,7 @@ class Sampler:
         """
         with self._lock:
             if interval is not None:
-                if not (interval == interval) or interval < MIN_INTERVAL or interval == float("inf"):
-                    raise ValueError(f"the interval must be at least {MIN_INTERVAL} s, got {interval!r}")
-                if interval > threading.TIMEOUT_MAX:
-                    raise ValueError(f"the interval must be at most {threading.TIMEOUT_MAX:.0f} s "
-                                     f"(the longest wait a thread can make), got {interval!r}")
-                self.interval = float(interval)
+                self.interval = check_interval(interval, minimum=MIN_INTERVAL)  # IntervalError (a ValueError)
             old = self._thread if self.running else None
             self._stop.set()  # wake the old thread so the new interval applies now
             stop = threading.Event()

@@ -7,6 +7,8 @@ from typing import Any
 from traitlets import Float, TraitError, validate
 from traitlets.config import Configurable
 
+from ..units import IntervalError, check_interval
+
 __all__ = ["VramlabLab"]
 
 
@@ -32,7 +34,7 @@ class VramlabLab(Configurable):
 
     @validate("refresh_interval")
     def _refresh_at_least_half_a_second(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if value < 0.5:
-            raise TraitError(f"VramlabLab.refresh_interval must be at least 0.5 seconds, got {value:g}")
-        return value
+        try:
+            return check_interval(proposal["value"], minimum=0.5)
+        except IntervalError as e:
+            raise TraitError(f"VramlabLab.refresh_interval: {e}") from None
