@@ -126,7 +126,9 @@ def write_doc(table: list[str], details: list, total: float, cmd: str, what_if: 
         "called `empty_cache`): vramlab's `peak_reserved` (caching allocator) + the 1343 MiB CUDA context the same "
         "page measured (`torch.ones((1, 1)).to(\"cuda\")` → \"GPU memory occupied: 1343 MB\"). MB = MiB.",
         "- `max_allocated` (litgpt: `torch.cuda.max_memory_allocated() / 1e9`, printed after training; decimal GB, "
-        "rounded to 0.01): vramlab's `peak`.",
+        "rounded to 0.01; bitsandbytes' table, Q rows: `max_memory_allocated()` in MiB over 13 steps, reset before "
+        "the model is built): vramlab's `peak`. bitsandbytes' paged state (unified memory) is in neither figure; "
+        "the Q3/Q4 details compare it with the table's \"Optimizer State on CPU\".",
         "- `memory_summary_peak` (Lightning Fabric docs: `torch.cuda.memory_summary()` after 10 steps, \"Memory (MB)\"; "
         "the docs do not say which row, the allocated peak is assumed; MB = MiB): vramlab's `peak`.",
         "",
@@ -168,6 +170,10 @@ def write_doc(table: list[str], details: list, total: float, cmd: str, what_if: 
             f"(peak {est.peak:,}, peak_reserved {est.peak_reserved:,}); ratio {res.ratio:.3f}.",
             f"- Notes: {row.notes}",
         ]
+        if row.id in published.BNB_PAGED_STATE:
+            out.append(f"- Paged optimizer state: vramlab {est.paged:,} bytes = {est.paged / 2**20:.2f} MiB "
+                       f"(`Estimate.paged`); the table's \"Optimizer State on CPU\": "
+                       f"{published.BNB_PAGED_STATE[row.id]} MB.")
         if miss:
             out.append(f"- Outside 10%, what was found: {miss}")
         out.append("")
