@@ -12,7 +12,7 @@ file. Its name carries the writer's process id (``.NAME.PID.XXXXXXXX.tmp``), so 
 the same file removes those whose writer no longer runs. The temporary files of a writer that is
 still running are left alone.
 
-Used by the history export (:meth:`vramlab.model.History.save`) and the Prometheus text file
+Used by the history export (:meth:`vramlab.model.History.export`) and the Prometheus text file
 (:func:`vramlab.exposition.write_textfile`).
 """
 
