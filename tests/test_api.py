@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import builtins
 
+import pytest
+
 from vramlab import api
 from vramlab.model import FreedReport
 
@@ -15,6 +17,7 @@ def test_no_shell_outside_ipython_and_the_running_shell_inside(ip, monkeypatch):
     assert api._running_shell() is ip
 
 
+@pytest.mark.slow
 def test_free_outside_ipython_returns_a_report(monkeypatch):
     monkeypatch.delattr(builtins, "get_ipython", raising=False)
     rep = api.free()

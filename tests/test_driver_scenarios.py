@@ -66,6 +66,7 @@ def test_container_pids_are_unattributed_not_other_processes():
 
 
 @linux
+@pytest.mark.slow
 def test_container_with_torch_imported_says_the_same():
     code = "import json, torch, vramlab; print(json.dumps(vramlab.snapshot().to_dict()))"
     s = sc.run_snapshot(sc.container(), code=code)
@@ -146,6 +147,7 @@ def test_unified_memory_shows_the_host():
     assert any("unified memory" in n for n in s["notes"])
 
 
+@pytest.mark.slow
 def test_mixed_gpus_say_the_order_is_assumed_unless_pci_order_is_asked_for():
     s = sc.run_snapshot(sc.mixed())
     assert any("order is assumed" in n for n in s["notes"])

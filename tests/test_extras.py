@@ -50,6 +50,7 @@ def test_the_feature_list_names_real_modules():
         assert attr.isidentifier()
 
 
+@pytest.mark.slow
 def test_in_ipython_a_missing_torch_prints_one_line_and_no_traceback():
     """In a fresh process where torch cannot be imported, asking for the virtual GPU prints
     the one line and nothing else (IPython's ``_render_traceback_`` hook)."""

@@ -13,6 +13,8 @@ from pathlib import Path
 import driver_scenarios as sc
 import nbformat
 
+import pytest
+
 from vramlab import gpu_report, selftest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,7 @@ def _rows(report: str) -> list[list[str]]:
             if line.startswith("| ") and not line.startswith("| section")]
 
 
+@pytest.mark.slow
 def test_on_a_machine_without_cuda_every_gpu_row_is_skip(tmp_path):
     r = _run([str(tmp_path / "out")])
     assert r.returncode == 0, r.stderr
@@ -43,6 +46,7 @@ def test_on_a_machine_without_cuda_every_gpu_row_is_skip(tmp_path):
     assert "0 failed" in report
 
 
+@pytest.mark.slow
 def test_the_machine_rows_name_the_simulated_gpus(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(sc.SIM_DIR), str(ROOT)]), "VRAMLAB_NVML_SIM": __import__("json").dumps(sc.mixed())}
     r = _run([str(tmp_path / "out"), "--notebooks", str(tmp_path / "none")], env=env)
@@ -58,6 +62,7 @@ def _notebook(path: Path, code: str) -> None:
     nbformat.write(nb, path)
 
 
+@pytest.mark.slow
 def test_the_notebook_runner_passes_fails_and_keeps_its_budget(tmp_path):
     src, out = tmp_path / "nbs", tmp_path / "out"
     src.mkdir()
@@ -74,6 +79,7 @@ def test_the_notebook_runner_passes_fails_and_keeps_its_budget(tmp_path):
     assert [r.status for r in late] == ["SKIP", "SKIP"] and "budget" in late[0].detail
 
 
+@pytest.mark.slow
 def test_a_notebook_stops_at_its_deadline_and_names_the_cell(tmp_path):
     src, out = tmp_path / "nbs", tmp_path / "out"
     src.mkdir()
@@ -90,6 +96,7 @@ def test_a_notebook_stops_at_its_deadline_and_names_the_cell(tmp_path):
     assert saved.cells[0].outputs[0]["text"].strip() == "first"  # what ran before the deadline is kept
 
 
+@pytest.mark.slow
 def test_a_failure_loses_its_colour_codes_and_names_its_cell(tmp_path):
     src, out = tmp_path / "nbs", tmp_path / "out"
     src.mkdir()
@@ -100,6 +107,7 @@ def test_a_failure_loses_its_colour_codes_and_names_its_cell(tmp_path):
     assert "\x1b" not in row.detail
 
 
+@pytest.mark.slow
 def test_kernels_draw_inline_even_when_the_report_runs_under_agg(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     src, out = tmp_path / "nbs", tmp_path / "out"

@@ -72,6 +72,7 @@ def test_a_message_the_catalog_lacks_comes_back_in_english():
 
 
 @pytest.mark.parametrize("po_path", CATALOGS, ids=lambda p: p.parent.parent.name)
+@pytest.mark.slow
 def test_every_runtime_string_is_translated_with_its_fields(po_path):
     po = {e.msgid: e for e in polib.pofile(str(po_path))}
     for msgid in tr_strings():

@@ -9,6 +9,8 @@ import sys
 
 import vramlab
 
+import pytest
+
 
 def _run(code: str) -> str:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -23,6 +25,7 @@ def test_every_public_name_resolves():
     assert set(vramlab.__all__) <= set(dir(vramlab))
 
 
+@pytest.mark.slow
 def test_import_and_load_import_neither_torch_nor_ipywidgets():
     out = _run("import sys, vramlab\n"
                "from IPython.testing.globalipapp import start_ipython\n"

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_typescript_unit_tests_pass():
     jlpm = shutil.which("jlpm")
     if shutil.which("node") is None or jlpm is None or not (ROOT / "node_modules" / ".bin" / "jest").exists():
@@ -49,6 +50,7 @@ def _jupyter(*args: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", r.stdout + r.stderr)
 
 
+@pytest.mark.slow
 def test_jupyter_lists_both_extensions_enabled():
     """What pip installed: the prebuilt frontend extension and the server extension, both on by default."""
     from vramlab import __version__

@@ -52,6 +52,7 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower()
 
 
+@pytest.mark.slow
 def test_the_wheel_requires_torch_and_matplotlib_only_under_extras(wheel):
     reqs = [v for k, v in _metadata(wheel) if k == "Requires-Dist"]
     core = sorted(_name(r) for r in reqs if "extra ==" not in r)
@@ -67,6 +68,7 @@ def test_the_wheel_requires_torch_and_matplotlib_only_under_extras(wheel):
     assert not any("torch" in r and "<" in r for r in reqs), "no upper bound on torch: any newer torch is kept"
 
 
+@pytest.mark.slow
 def test_the_wheel_declares_the_python_it_is_tested_on_and_carries_the_license(wheel):
     meta = dict(_metadata(wheel))
     assert meta["Requires-Python"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
@@ -145,6 +147,7 @@ def test_the_wheel_carries_the_prebuilt_lab_extension_and_enables_the_server_ext
     assert not any(n.startswith("vramlab/labextension/") for n in names), "the extension is in the wheel once"
 
 
+@pytest.mark.slow
 def test_an_sdist_with_the_built_extension_makes_a_wheel_without_node(tmp_path):
     """The sdist carries the built extension, so pip builds its wheel on a machine without
     Node: here a PATH that holds Python and nothing else (no node, no jlpm)."""

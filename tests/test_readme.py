@@ -21,6 +21,7 @@ def _mask(text: str) -> list[str]:
     return [" ".join(line.split()) for line in text.splitlines()]
 
 
+@pytest.mark.slow
 def test_the_readme_transcript_is_what_a_fresh_session_prints():
     real = readme_transcript.transcript()
     shown = readme_transcript.readme_block((ROOT / "README.md").read_text())

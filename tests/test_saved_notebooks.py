@@ -20,6 +20,7 @@ def test_some_committed_notebook_shows_a_monitor():
 
 
 @pytest.mark.parametrize("path", WATCHING, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_the_monitor_of_a_committed_notebook_appears_as_text_in_its_html(path):
     import nbformat
     from nbconvert import HTMLExporter

@@ -16,6 +16,7 @@ from vramlab.selftest import (CHECKS, check_allocation, check_estimates, check_f
 GiB, MiB = sc.GiB, sc.MiB
 
 
+@pytest.mark.slow
 def test_selftest_without_gpu_skips_everything_and_exits_zero():
     checks = run_checks()
     assert [c.name for c in checks] == list(CHECKS)
@@ -119,6 +120,7 @@ def test_estimates():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a shell script stands in for nvidia-smi")
 @pytest.mark.parametrize("procs,smi_total_mib,expect", [([], None, ("PASS", "PASS")),
                                                         ([{"pid": "self", "mem": GiB}], 1, ("FAIL", "FAIL"))])
+@pytest.mark.slow
 def test_run_checks_end_to_end_on_the_simulated_driver(tmp_path, procs, smi_total_mib, expect):
     """The whole self-check in a fresh process: simulated NVML, a stand-in nvidia-smi, the
     CPU build of torch (so the CUDA checks skip). NVML listing this process without a CUDA

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -18,6 +20,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
                           timeout=600, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+@pytest.mark.slow
 def test_mypy_finds_nothing():
     r = _run(["mypy", "--no-incremental", "--config-file", "pyproject.toml"])
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]

@@ -71,6 +71,7 @@ def test_a_code_cells_comments_are_translated_and_nothing_else():
     assert i18n.strip_comments(done) == i18n.strip_comments(source)
 
 
+@pytest.mark.slow
 def test_every_lesson_tr_call_passes_the_fields_its_message_names():
     extract = load_tool("extract_runtime_strings")
     assert extract.call_problems() == []

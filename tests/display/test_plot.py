@@ -1,5 +1,7 @@
 """The matplotlib timeline of a history."""
 
+import pytest
+
 from matplotlib.figure import Figure
 
 from vramlab.display.plot import plot_history
@@ -53,6 +55,7 @@ def _fresh_kernel_outputs(tmp_path, sources):
     return nbformat.read(str(path), as_version=4)
 
 
+@pytest.mark.slow
 def test_plot_shows_a_png_in_a_fresh_kernel_and_the_saved_notebook_keeps_it(tmp_path):
     """No cell imported matplotlib.pyplot, so IPython's inline backend is not active: the
     timeline must still show as a picture, through %vram plot and vramlab.plot()."""

@@ -31,6 +31,7 @@ def _cell_labels(fig):
     return [t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("[")]
 
 
+@pytest.mark.slow
 def test_artists_per_axis_do_not_grow_with_the_cells():
     small = plot_history(_history(10, oom_cells=(3,)))
     large = plot_history(_history(2000, oom_cells=(3,)))

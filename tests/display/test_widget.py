@@ -67,6 +67,7 @@ def make_monitor(interval=0.05):
     return s, m
 
 
+@pytest.mark.slow
 def test_root_class_children_and_figures():
     s, m = make_monitor()
     try:
@@ -93,6 +94,7 @@ def test_repr_is_short_and_stable_and_bundle_has_static_html():
         m.close()
 
 
+@pytest.mark.slow
 def test_updates_follow_memory_and_respect_rate_and_size(comm_log):
     s, m = make_monitor(interval=0.02)
     try:
@@ -116,6 +118,7 @@ def test_updates_follow_memory_and_respect_rate_and_size(comm_log):
     m.close()
 
 
+@pytest.mark.slow
 def test_idle_monitor_sends_nothing_when_nothing_changes(comm_log):
     from vramlab.display.widget import Monitor
 

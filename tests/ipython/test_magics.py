@@ -191,6 +191,7 @@ def test_unload_stops_the_sampler_and_unregisters_events(ip):
     assert "vram" not in ip.magics_manager.magics["cell"]
 
 
+@pytest.mark.slow
 def test_history_export_plot_free_last(ip, tmp_path):
     ip.run_line_magic("load_ext", "vramlab")
     with capture_output():
@@ -255,6 +256,7 @@ gpu = VirtualGPU("512MiB").__enter__()
 
 
 @pytest.mark.parametrize("first", ["auto", "cell magic"])
+@pytest.mark.slow
 def test_a_cell_that_fitted_at_a_smaller_batch_gives_a_batch_that_fits(ip, first, monkeypatch):
     """In a notebook: the cell runs at batch 512 (it fits), then at 4096 (torch.OutOfMemoryError on
     a 512 MiB virtual card). The explanation shown after the cell derives its batch from the two
@@ -552,6 +554,7 @@ def test_watch_shows_the_monitors_name_in_the_notebooks_language(ip, speak):
     assert "o monitor ao vivo é um widget do Jupyter" in cap.stdout and "python -m vramlab --watch 1" in cap.stdout
 
 
+@pytest.mark.slow
 def test_a_virtual_card_entered_inside_the_cell_is_measured_by_its_record(ip, monkeypatch):
     """The documented way: ``with VirtualGPU(...):`` inside the cell. The card has left when the
     record ends; its last reading stands for the cell's end, so the cell is measured like any

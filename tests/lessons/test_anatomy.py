@@ -37,6 +37,7 @@ def test_storage_bytes_counts_shared_storage_once_and_rounds():
 
 
 @pytest.mark.parametrize("round_blocks,allocator", [(False, "exact"), (True, "exact"), (True, "caching")])
+@pytest.mark.slow
 def test_parts_add_up_to_allocated(round_blocks, allocator):
     dev, model, n, make_batch = setup(round_blocks, allocator)
     opt = torch.optim.Adam(model.parameters())

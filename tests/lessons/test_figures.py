@@ -312,6 +312,7 @@ print(json.dumps(report))
 
 
 @pytest.mark.parametrize("first", ["lessons", "pyplot"])
+@pytest.mark.slow
 def test_an_inline_figure_is_published_with_its_labels(first):
     """The inline backend registers its PNG printer when pyplot loads it, after or before
     ``import vramlab.lessons``, and again when the formats change: the labels survive each."""
@@ -340,6 +341,7 @@ def test_an_inline_figure_is_published_with_its_labels(first):
 # --- a real kernel, as the build runs the lessons -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_kernel_sends_the_labels_in_its_display_data_and_the_saved_notebook_keeps_them(tmp_path):
     import nbclient
     import nbformat

@@ -53,6 +53,7 @@ def test_feasible_grid_reraises_other_errors():
     ("exact", [4]),
     ("caching", [1]),  # 1 MiB fits a 2 MiB small-pool segment; 2 MiB asks a 20 MiB segment of an 8 MiB card
 ])
+@pytest.mark.slow
 def test_feasible_grid_on_a_virtual_gpu_catches_real_ooms(allocator, frontier):
     gpu = VirtualGPU("8MiB", allocator=allocator)
 

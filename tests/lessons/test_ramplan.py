@@ -89,6 +89,7 @@ def test_iter_npy_batches_reads_the_file_in_blocks(tmp_path):
         next(iter_npy_batches(path, 0))
 
 
+@pytest.mark.slow
 def test_release_free_heap_returns_a_bool():
     junk = [bytearray(512) for _ in range(10000)]
     del junk

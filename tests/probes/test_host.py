@@ -142,6 +142,7 @@ def _rmdir_retry(d):
 
 
 @pytest.mark.skipif(_cgroup_v1_writable() is None, reason="needs root and a writable cgroup v1 memory hierarchy")
+@pytest.mark.slow
 def test_real_ancestor_limit_counts_a_sibling_but_not_its_inactive_page_cache(tmp_path):
     """A real parent cgroup with a limit and two children: this reader, and a sibling that
     holds 300 MiB and wrote a 200 MiB file. The usage set against the limit is the parent's

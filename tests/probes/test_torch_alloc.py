@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from vramlab.probes.torch_alloc import read_torch, reset_peaks
 
 
@@ -13,6 +15,7 @@ def test_import_and_snapshot_do_not_import_torch():
     assert out.strip() == "False"
 
 
+@pytest.mark.slow
 def test_load_ext_and_vram_do_not_import_torch():
     out = run(
         "import sys\n"
@@ -24,6 +27,7 @@ def test_load_ext_and_vram_do_not_import_torch():
     assert "TORCH False" in out
 
 
+@pytest.mark.slow
 def test_reading_with_torch_does_not_initialise_cuda():
     out = run("import torch, vramlab; vramlab.snapshot(); print(torch.cuda.is_initialized())")
     assert out.strip() == "False"

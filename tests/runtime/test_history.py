@@ -78,6 +78,7 @@ def test_a_failed_export_leaves_the_old_file_and_no_temporary(tmp_path, recorded
 
 
 @pytest.mark.skipif(not hasattr(__import__("signal"), "SIGXFSZ"), reason="file-size limits are POSIX")
+@pytest.mark.slow
 def test_a_full_disk_leaves_the_old_file(tmp_path):
     """A file-size limit (the kernel refuses the write, as on a full disk) in a fresh process."""
     import subprocess

@@ -213,6 +213,7 @@ def _embedding_step(vocab: int, seq: int):
     ("caching", 20000, "512MiB"),  # 120 MiB fixed: at batch 512 the optimizer step makes the peak
     ("exact", 2000, "384MiB"),  # a small fixed part: activations make the peaks
 ])
+@pytest.mark.slow
 def test_on_the_virtual_gpu_the_advised_batch_runs_and_the_bound_holds(allocator, vocab, capacity, free_heap_after):
     """Batch 512 fits, 4096 raises torch.OutOfMemoryError; from their records the explainer
     advises a batch that runs on the same card (the one that ran), and its upper bound is at
@@ -276,6 +277,7 @@ def test_largest_consumers_from_the_namespace():
     assert all(c.devices == "cpu" for c in ex.consumers)
 
 
+@pytest.mark.slow
 def test_free_last_error_returns_what_the_traceback_kept():
     import numpy as np
 
@@ -297,6 +299,7 @@ def test_free_last_error_returns_what_the_traceback_kept():
     assert sys.last_traceback is None
 
 
+@pytest.mark.slow
 def test_free_last_error_gives_an_active_virtual_gpus_cache_back():
     """%vram free on the virtual card does what it does on a card: the cached blocks go back."""
     torch = pytest.importorskip("torch")

@@ -24,6 +24,7 @@ def closed_form_step(b: int) -> None:
     del fixed, per_sample
 
 
+@pytest.mark.slow
 def test_closed_form_step_on_256mib_gives_exactly_246():
     r = find_max_batch_size(closed_form_step, device="256MiB")
     assert isinstance(r, BatchSearch)
@@ -39,6 +40,7 @@ def test_closed_form_step_on_256mib_gives_exactly_246():
 
 
 @pytest.mark.parametrize("capacity_mib,fixed_mib", [(64, 10), (100, 3), (1024, 1), (12, 10)])
+@pytest.mark.slow
 def test_exact_for_other_sizes_within_the_trial_bound(capacity_mib, fixed_mib):
     def step(b):
         a = torch.empty(fixed_mib * MiB, dtype=torch.uint8)
@@ -56,6 +58,7 @@ def test_exact_for_other_sizes_within_the_trial_bound(capacity_mib, fixed_mib):
     (1024, 1, 1022),  # 1 MiB sits in a 2 MiB small-pool segment; b MiB >= 10 MiB: 2 + b <= 1024
     (12, 10, 1),  # 10 MiB takes a 10 MiB segment; 1 MiB a 2 MiB small one; 2 MiB would ask 20 MiB
 ])
+@pytest.mark.slow
 def test_the_caching_allocators_segments_set_the_limit(capacity_mib, fixed_mib, best):
     """The default virtual GPU has PyTorch's caching allocator: the largest batch is the one
     whose segments (CUDACachingAllocator's get_allocation_size) fit, derived here by hand."""
@@ -68,6 +71,7 @@ def test_the_caching_allocators_segments_set_the_limit(capacity_mib, fixed_mib, 
     assert r.max_batch_size == best
 
 
+@pytest.mark.slow
 def test_runs_inside_the_active_virtual_gpu_with_what_is_already_there():
     with VirtualGPU("256MiB") as gpu:
         fixed = torch.empty(10 * MiB, dtype=torch.uint8)  # a model that stays between trials
@@ -79,6 +83,7 @@ def test_runs_inside_the_active_virtual_gpu_with_what_is_already_there():
     del fixed
 
 
+@pytest.mark.slow
 def test_a_virtual_gpu_instance_is_entered_for_each_trial():
     gpu = VirtualGPU("256MiB")
     r = find_max_batch_size(closed_form_step, device=gpu)
@@ -87,12 +92,14 @@ def test_a_virtual_gpu_instance_is_entered_for_each_trial():
     assert gpu.num_ooms == sum(1 for t in r.trials if not t.fits)
 
 
+@pytest.mark.slow
 def test_start_above_the_maximum_searches_down():
     r = find_max_batch_size(closed_form_step, start=1000, device="256MiB")
     assert r.max_batch_size == 246
     assert r.trials[0].batch == 1000 and not r.trials[0].fits
 
 
+@pytest.mark.slow
 def test_limit_caps_the_search():
     r = find_max_batch_size(closed_form_step, limit=100, device="256MiB")
     assert r.max_batch_size == 100 and r.capped
@@ -101,12 +108,14 @@ def test_limit_caps_the_search():
     assert r.max_batch_size == 246 and not r.capped
 
 
+@pytest.mark.slow
 def test_nothing_fits():
     r = find_max_batch_size(closed_form_step, device="8MiB")
     assert r.max_batch_size == 0
     assert r.num_trials == 1 and r.notes
 
 
+@pytest.mark.slow
 def test_a_failed_trials_tensors_are_freed_before_the_next_trial():
     refs: list = []
     seen_alive: list = []
@@ -141,6 +150,7 @@ def test_other_exceptions_are_reraised_unchanged_at_once():
     assert gc.get_freeze_count() == 0, "the collector is unfrozen whatever happens"
 
 
+@pytest.mark.slow
 def test_a_runtime_error_that_says_out_of_memory_is_an_oom():
     def step(b):
         if b > 5:
@@ -170,6 +180,7 @@ def test_no_device_without_cuda_or_an_active_virtual_gpu():
         find_max_batch_size(closed_form_step)
 
 
+@pytest.mark.slow
 def test_table_text_and_html():
     r = find_max_batch_size(closed_form_step, device="T4", limit=4)
     rows = r.table()
@@ -180,6 +191,7 @@ def test_table_text_and_html():
     assert r._repr_mimebundle_()["text/plain"] == r.text()
 
 
+@pytest.mark.slow
 def test_a_reused_virtual_card_gives_its_cache_back_between_trials_as_cuda_does():
     """One card for every trial finds what a fresh card per trial finds: a failed trial's cached
     blocks are given back before the next (the finder calls torch.cuda.empty_cache() on CUDA)."""
@@ -227,6 +239,7 @@ def test_the_table_speaks_english_or_portuguese():
 # --------------------------------------------------------------------------- absurd inputs
 
 
+@pytest.mark.slow
 def test_a_step_that_never_runs_out_of_memory_stops_at_the_default_limit_and_says_so():
     """Before: with limit=None it doubled for ever (10,888 trials in 15 s, memory growing)."""
     from vramlab.sim.batch_finder import DEFAULT_LIMIT
@@ -242,6 +255,7 @@ def test_a_step_that_never_runs_out_of_memory_stops_at_the_default_limit_and_say
     assert "default limit" in r.text() and "(stopped at the limit)" in r.text()
 
 
+@pytest.mark.slow
 def test_the_default_limit_is_not_a_note_when_the_step_runs_out_of_memory_or_a_limit_is_given():
     r = find_max_batch_size(closed_form_step, device="256MiB")
     assert r.max_batch_size == 246 and not r.capped and r.notes == () and r.limit == 2**20
@@ -249,6 +263,7 @@ def test_the_default_limit_is_not_a_note_when_the_step_runs_out_of_memory_or_a_l
     assert r.capped and r.max_batch_size == 100 and r.limit == 100 and r.notes == ()
 
 
+@pytest.mark.slow
 def test_a_start_above_the_default_limit_is_tried_and_is_the_limit():
     r = find_max_batch_size(lambda b: None, device="1GiB", start=3 * 2**20)
     assert [t.batch for t in r.trials] == [3 * 2**20] and r.capped and r.limit == 3 * 2**20
@@ -275,6 +290,7 @@ def test_an_absurd_device_size_is_refused_before_any_trial(bad, says):
     assert calls == [] and gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow
 def test_the_default_limit_note_speaks_portuguese():
     from vramlab.i18n import set_lang
 
@@ -288,6 +304,7 @@ def test_the_default_limit_note_speaks_portuguese():
                        "limit=16777216)",)
 
 
+@pytest.mark.slow
 def test_the_table_renders_in_a_notebook_and_stays_a_list_of_rows():
     r = find_max_batch_size(closed_form_step, device="T4", limit=4)
     rows = r.table()
@@ -298,6 +315,7 @@ def test_the_table_renders_in_a_notebook_and_stays_a_list_of_rows():
     assert str(rows).splitlines()[1].split()[:3] == ["1", "1", "yes"]
 
 
+@pytest.mark.slow
 def test_progress_is_a_line_per_trial_on_stderr_when_asked(capsys):
     r = find_max_batch_size(closed_form_step, device="T4", limit=8, progress=True)
     err = capsys.readouterr().err.splitlines()
@@ -306,6 +324,7 @@ def test_progress_is_a_line_per_trial_on_stderr_when_asked(capsys):
     assert err[-1] == f"[vramlab] max batch size {r.max_batch_size} after {r.num_trials} trials"
 
 
+@pytest.mark.slow
 def test_no_progress_when_not_asked_and_not_on_a_terminal(capsys):
     find_max_batch_size(closed_form_step, device="T4", limit=8)
     assert capsys.readouterr().err == ""

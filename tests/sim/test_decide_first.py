@@ -100,6 +100,7 @@ CASES = [
 
 @pytest.mark.parametrize("allocator", ["caching", "exact"])
 @pytest.mark.parametrize("name,prepare,alloc", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.slow
 def test_a_refused_allocation_leaves_the_host_as_it_was(allocator, name, prepare, alloc):
     with VirtualGPU("256MiB", allocator=allocator) as gpu:
         inputs = prepare()
@@ -110,6 +111,7 @@ def test_a_refused_allocation_leaves_the_host_as_it_was(allocator, name, prepare
         assert gpu.allocated == alloc_before, "nothing of the refused operator is counted"
 
 
+@pytest.mark.slow
 def test_a_request_larger_than_the_host_is_a_cuda_oom_counted_by_the_card():
     # test_cuda.py TestCuda.test_out_of_memory asks for 800000000 GiB: the card refuses it
     with VirtualGPU("A100-80GB") as gpu:
@@ -200,6 +202,7 @@ def _batch(bs: int) -> torch.Tensor:
     return torch.randn(bs, 4096)
 
 
+@pytest.mark.slow
 def test_a_40GB_step_runs_on_a_virtual_A100_with_the_peak_estimate_gives():
     from vramlab import estimate
 
@@ -268,6 +271,7 @@ def test_what_the_card_holds_but_the_host_cannot_pay_is_refused_before_it_is_all
         del small
 
 
+@pytest.mark.slow
 def test_the_real_host_guard_refuses_more_than_this_machine_has():
     from vramlab.probes.host import read_host
 
@@ -337,6 +341,7 @@ def _mlp_step(bs: int) -> None:
         opt.zero_grad()
 
 
+@pytest.mark.slow
 def test_find_max_batch_size_on_a_virtual_A100_gives_the_batch_estimate_gives():
     from vramlab import estimate, find_max_batch_size
 
@@ -350,6 +355,7 @@ def test_find_max_batch_size_on_a_virtual_A100_gives_the_batch_estimate_gives():
     assert b * 4096 * 4 > 5 * GiB, "the batch alone is larger than a laptop's spare RAM"
 
 
+@pytest.mark.slow
 def test_find_max_batch_size_chooses_values_false_for_a_card_larger_than_the_host():
     from vramlab import find_max_batch_size
     from vramlab.probes.host import read_host

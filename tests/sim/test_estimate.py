@@ -46,6 +46,7 @@ def memtracker_peak(triple, batch_size: int, optimizer: str, steps: int = 2) -> 
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("optimizer", [None, "adam"])
+@pytest.mark.slow
 def test_estimate_equals_the_virtual_gpu_measured_peak_within_1_percent(name, optimizer):
     (build, make_batch, loss_fn), bs = CASES[name]
     est = estimate(build, make_batch, batch_size=bs, optimizer=optimizer, loss_fn=loss_fn)
@@ -60,6 +61,7 @@ def test_estimate_equals_the_virtual_gpu_measured_peak_within_1_percent(name, op
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_estimate_agrees_with_memtracker_within_3_percent(name):
     triple, bs = CASES[name]
     build, make_batch, loss_fn = triple
@@ -79,6 +81,7 @@ def test_training_breakdown_has_every_category_where_expected():
     assert est.parameters == params // 4
 
 
+@pytest.mark.slow
 def test_inference_saves_no_activations_and_makes_no_gradients():
     (build, make_batch, loss_fn), bs = CASES["transformer"]
     est = estimate(build, make_batch, batch_size=bs, step="inference")

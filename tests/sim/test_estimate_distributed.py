@@ -131,6 +131,7 @@ def test_ddp_adds_the_gradient_buckets_to_a_single_gpu_step() -> None:
     assert views == single
 
 
+@pytest.mark.slow
 def test_fsdp_shards_parameters_and_optimizer_state_by_world_size() -> None:
     """After the step a rank keeps its shard of the parameters and of the 2 Adam moments
     (plus padding to a multiple of N rows and Adam's step counters): 1/N of what a DDP rank
@@ -143,6 +144,7 @@ def test_fsdp_shards_parameters_and_optimizer_state_by_world_size() -> None:
         assert ddp_keeps / n <= e.after <= ddp_keeps / n * 1.02
 
 
+@pytest.mark.slow
 def test_zero_estimates_every_rank_on_request_and_reports_the_highest() -> None:
     e = _estimate("mlp", "zero1", 4, rank="all")
     assert sorted(e.rank_peaks) == [0, 1, 2, 3]
@@ -155,6 +157,7 @@ def test_zero_estimates_every_rank_on_request_and_reports_the_highest() -> None:
 @pytest.mark.parametrize("model", CASES)
 @pytest.mark.parametrize("strategy", ("zero1", "zero2"))
 @pytest.mark.parametrize("world_size", (2, 4))
+@pytest.mark.slow
 def test_zero_by_default_finds_the_highest_rank_without_running_every_rank(model, strategy, world_size) -> None:
     """The default runs rank 0, the busiest partition by ZeroRedundancyOptimizer's own rule and,
     for ZeRO-2, the ranks that may peak at the end of backward; its peak is the highest of every

@@ -221,6 +221,7 @@ def layer_activations(gpu_name: str, *, s: int, b: int, h: int, a: int, p: float
 
 
 @pytest.mark.parametrize("gpu,p", [("A100-80GB", 0.1), ("H100-80GB", 0.125)])
+@pytest.mark.slow
 def test_a_fused_kernel_keeps_34_sbh_per_layer(gpu, p):
     s, b, h, a = 512, 2, 512, 8
     got, backend = layer_activations(gpu, s=s, b=b, h=h, a=a, p=p)
@@ -228,6 +229,7 @@ def test_a_fused_kernel_keeps_34_sbh_per_layer(gpu, p):
     assert got / (34 * s * b * h) == pytest.approx(1, rel=0.02)
 
 
+@pytest.mark.slow
 def test_the_math_path_adds_5_as2b_per_layer():
     s, b, h, a = 1024, 1, 256, 16
     with sdpa_kernel(SDPBackend.MATH):
@@ -243,6 +245,7 @@ def test_the_math_path_adds_5_as2b_per_layer():
     assert got / (38 * s * b * h + 5 * a * s * s * b) == pytest.approx(1, rel=0.005)
 
 
+@pytest.mark.slow
 def test_the_math_path_upcasts_half_precision_by_default():
     s, b, h, a = 1024, 1, 256, 16
     got, backend = layer_activations("T4", s=s, b=b, h=h, a=a)  # bf16 on a T4: math (module docs)
@@ -318,6 +321,7 @@ def _mha(dtype, p=0.0, e=256, h=4):
 
 @pytest.mark.parametrize("gpu,dtype", [("T4", fp32), ("T4", fp16), ("H100-80GB", bf16), ("A100-80GB", bf16)])
 @pytest.mark.parametrize("train", [True, False])
+@pytest.mark.slow
 def test_multihead_attention_runs_the_kernel_of_the_direct_call(gpu, dtype, train):
     m = _mha(dtype, p=0.125 if train else 0.0)
     m.train(train)
@@ -338,6 +342,7 @@ def test_multihead_attention_runs_the_kernel_of_the_direct_call(gpu, dtype, trai
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_the_issues_t4_reproduction_need_weights_false():
     """The issue: on a T4 the layer's attention was the CPU's (math with dropout: an s x s matrix
     per head), some 10x the direct call's peak."""
@@ -425,6 +430,7 @@ def _encoder_layer_fast_direct(layer, src):
 
 @pytest.mark.parametrize("gpu,dtype", [("T4", fp32), ("H100-80GB", bf16)])
 @pytest.mark.parametrize("train", [True, False])
+@pytest.mark.slow
 def test_transformer_encoder_layer_runs_the_kernel_of_the_direct_call(gpu, dtype, train):
     layer = _encoder_layer(dtype)
     layer.train(train)
@@ -452,6 +458,7 @@ def test_transformer_encoder_layer_norm_first_fast_path():
 
 @pytest.mark.parametrize("gpu,dtype", [("T4", fp16), ("H100-80GB", bf16)])
 @pytest.mark.parametrize("train", [True, False])
+@pytest.mark.slow
 def test_hugging_face_sdpa_attention_runs_the_kernel_of_the_direct_call(gpu, dtype, train):
     """transformers' sdpa_attention_forward passes enable_gqa=True whenever there is no mask (and
     the module has num_key_value_groups); with as many key/value heads as query heads that is a

@@ -13,6 +13,7 @@ def mlp():
                                torch.nn.Linear(512, 10))
 
 
+@pytest.mark.slow
 def test_oom_in_the_middle_of_forward_releases_everything():
     gpu = VirtualGPU("8MiB")
     model = mlp()

@@ -78,6 +78,7 @@ CASES = [(f, "full") for f in FAMILIES] + [(f, "lora") for f in LORA_TARGETS]
 
 
 @pytest.mark.parametrize("family,how", CASES, ids=[f"{f}-{h}" for f, h in CASES])
+@pytest.mark.slow
 def test_a_family_is_estimated_as_measured(family: str, how: str) -> None:
     build, kind = FAMILIES[family]
     if how == "lora":
@@ -90,6 +91,7 @@ def test_a_family_is_estimated_as_measured(family: str, how: str) -> None:
     assert est.breakdown == real.breakdown and est.fits is True
 
 
+@pytest.mark.slow
 def test_debertas_default_loss_needs_values_and_measure_is_the_way_through() -> None:
     """DeBERTa-v2's classification loss without a ``problem_type`` picks the labels to keep with
     ``(labels >= 0).nonzero()``: a shape that depends on values, which fake tensors do not have.

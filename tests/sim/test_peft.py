@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 from vramlab import estimate  # noqa: E402
@@ -16,7 +15,13 @@ CFG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_atte
            vocab_size=1000)
 
 
+def _peft():  # type: ignore[no-untyped-def]
+    """PEFT, imported when a test first needs it (about 10 s here: not at collection)."""
+    return pytest.importorskip("peft")
+
+
 def _build():
+    peft = _peft()
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CFG))
     return peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
 
@@ -26,18 +31,21 @@ def _batch(b):
     return {"input_ids": ids, "labels": ids}
 
 
+@pytest.mark.slow
 def test_bf16_true_keeps_peft_s_adapters_in_fp32_as_peft_does():
     model = build_on_meta(_build, torch.bfloat16)
     lora = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
     base = {p.dtype for n, p in model.named_parameters() if "lora_" not in n}
     assert lora == {torch.float32} and base == {torch.bfloat16}
     # what PEFT itself does on a base that was bf16 before the adapters were added
+    peft = _peft()
     with torch.device("meta"):
         direct = peft.get_peft_model(transformers.LlamaForCausalLM(transformers.LlamaConfig(**CFG)).to(torch.bfloat16),
                                      peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
     assert {p.dtype for n, p in direct.named_parameters() if "lora_" in n} == lora
 
 
+@pytest.mark.slow
 def test_the_estimate_counts_fp32_adapter_gradients_and_state():
     e = estimate(_build, _batch, batch_size=2, optimizer="adamw", precision="bf16-true", loss_fn=None)
     with torch.device("meta"):

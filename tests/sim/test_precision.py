@@ -64,7 +64,7 @@ def test_mixed_plans_follow_the_frameworks() -> None:
 
 
 def _gpt():  # type: ignore[no-untyped-def]
-    return models.make_gpt("tiny", seq=64)
+    return models.make_gpt("micro", seq=64)
 
 
 def _param_count(build) -> int:  # type: ignore[no-untyped-def]
@@ -74,6 +74,7 @@ def _param_count(build) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true"])
+@pytest.mark.slow
 def test_estimate_equals_the_virtual_gpu_measurement(precision) -> None:
     build, make_batch, loss_fn = _gpt()
     e = estimate(build, make_batch, batch_size=2, optimizer="adam", loss_fn=loss_fn, precision=precision)
@@ -82,6 +83,7 @@ def test_estimate_equals_the_virtual_gpu_measurement(precision) -> None:
     assert e.precision == precision
 
 
+@pytest.mark.slow
 def test_one_device_mixed_keeps_float32_states_and_saves_16_bit_activations() -> None:
     """Autocast: the weights, gradients and Adam moments stay float32 (16 bytes a parameter),
     and what the 16-bit matmuls save for backward is 16-bit, plus the 16-bit copies of the
@@ -170,6 +172,7 @@ AS_IN_THE_PAPER = {"ddp": DDP(gradient_as_bucket_view=True), "zero1": ZeRO1(grad
 
 @pytest.mark.parametrize("n", [16, 64])
 @pytest.mark.parametrize("strategy", list(PAPER))
+@pytest.mark.slow
 def test_model_states_match_the_zero_papers_formulas(n, strategy) -> None:
     build, make_batch, psi = _even(layers=64, d=128)
     e = estimate(build, make_batch, batch_size=2, optimizer="adam", world_size=n,
@@ -188,6 +191,7 @@ def test_ddps_default_buckets_add_a_gradient_copy_to_the_model_states() -> None:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "fsdp"])
+@pytest.mark.slow
 def test_dtype_combines_with_every_strategy(strategy) -> None:
     """dtype=torch.bfloat16 with a strategy once raised "Couldn't swap Linear.weight"."""
     build, make_batch, psi = _even(layers=4, d=64)

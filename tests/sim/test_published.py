@@ -121,6 +121,7 @@ def test_known_miss(row_id: str) -> None:
     _check(row_id)
 
 
+@pytest.mark.slow
 def test_published_models_match_their_sources() -> None:
     """The hand-typed configs build the models the sources name: their parameter counts (on the
     meta device; no estimate runs)."""

@@ -29,6 +29,7 @@ bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
 
 
 @pytest.mark.parametrize("device", ["T4", "H100"])
+@pytest.mark.slow
 def test_checkpointed_gpt_on_a_gpu_preset_is_estimated_as_measured(device: str) -> None:
     """checkpoint="layers" on a GPU preset raised CheckpointError: backward ran with CUDA's kernel
     model switched off, so the recomputation took the CPU's attention (T4: memory-efficient on the
@@ -175,6 +176,7 @@ def _recording_model(seen: dict[str, tuple[torch.dtype, float]]) -> nn.Module:
 
 @pytest.mark.parametrize("precision,dtype", [("bf16-mixed", bf16), ("16-mixed", fp16)])
 @pytest.mark.parametrize("device", ["T4", "A100-80GB"])
+@pytest.mark.slow
 def test_a_mixed_precision_estimate_on_a_card_counts_cudas_dtypes(precision: str, dtype: torch.dtype,
                                                                   device: str) -> None:
     """estimate(precision="bf16-mixed"/"16-mixed") on a GPU preset: the linear layers' outputs are
@@ -267,6 +269,7 @@ def _t5_batch(b: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("device,checkpoint,precision", [
     (None, None, None), ("T4", None, None), (None, "layers", None), ("T4", "layers", None),
     ("T4", None, "bf16-mixed")])
+@pytest.mark.slow
 def test_t5_is_estimated_as_measured(device, checkpoint, precision) -> None:
     """A T5 (encoder-decoder, labels shifted into decoder inputs, relative position bias, its own
     RMS norm in float32) on the CPU and on a T4 preset: the estimate equals the step run for real.

@@ -35,6 +35,7 @@ def test_a_bad_checkpoint_gets_one_clear_message(bad) -> None:
         estimate(build, make_batch, batch_size=2, optimizer="adam", loss_fn=loss_fn, checkpoint=bad)
 
 
+@pytest.mark.slow
 def test_checkpointing_the_layers_drops_their_saved_activations() -> None:
     """Each block saves only its input; the estimate equals the VirtualGPU's measurement of the
     same checkpointed step."""
@@ -50,6 +51,7 @@ def test_checkpointing_the_layers_drops_their_saved_activations() -> None:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.slow
 def test_checkpointing_combines_with_a_strategy(strategy) -> None:
     build, make_batch, loss_fn = models.make_gpt("tiny", seq=64)
     kw = dict(batch_size=8, optimizer="adam", loss_fn=loss_fn, world_size=2, strategy=strategy)

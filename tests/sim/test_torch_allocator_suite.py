@@ -770,6 +770,7 @@ def test_raises_oom(max_split_size_mb_setting: bool, expandable: bool) -> None:
 
 @ports(TEST_CUDA, "TestCudaMallocAsync", "test_allocator_fuzz")
 @MODES
+@pytest.mark.slow
 def test_allocator_fuzz(expandable: bool) -> None:
     # ADAPTED: N 10000 -> 1000 for time (2 shared cores). After every 50 steps the snapshot is
     # also checked against memory_stats (_check_memory_stat_consistency from test_cuda_multigpu.py).

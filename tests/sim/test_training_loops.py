@@ -57,6 +57,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("card", ["T4", None])
+@pytest.mark.slow
 def test_the_estimate_equals_the_real_step(name, card):
     kw = dict(optimizer="adamw", batch_size=256, device=card)
     kw.update(CASES[name])
@@ -71,9 +72,10 @@ def test_the_estimate_equals_the_real_step(name, card):
 def _gpt(**kw):
     from vramlab.lessons import models
 
-    return models.make_gpt(size="tiny", seq=128)
+    return models.make_gpt(size="micro", seq=128)
 
 
+@pytest.mark.slow
 def test_accumulation_holds_the_gradients_through_each_micro_batch_and_costs_less_than_the_whole_batch():
     b, loss_fn = _gpt()[1], _gpt()[2]
     build_gpt = _gpt()[0]

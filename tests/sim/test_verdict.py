@@ -56,6 +56,7 @@ def _largest_real(triple, card: str) -> int:
 
 
 @pytest.mark.parametrize("name,factory,kw,card", GRID, ids=[f"{g[0]}-{g[3]}" for g in GRID])
+@pytest.mark.slow
 def test_the_verdict_equals_the_real_run_on_the_card(name, factory, kw, card):
     triple = factory(**kw)
     b = _largest_real(triple, card)
@@ -73,6 +74,7 @@ def test_the_verdict_equals_the_real_run_on_the_card(name, factory, kw, card):
             assert any("refused a request" in n for n in e.notes)
 
 
+@pytest.mark.slow
 def test_a_step_that_fits_only_by_emptying_the_cache_is_said_to_fit_and_why():
     """At the card's limit the allocator frees its cached segments and retries; an unbounded
     allocator's reserved peak passes the card, and the old verdict said "does not fit"."""
@@ -101,6 +103,7 @@ def test_a_step_that_fits_only_by_emptying_the_cache_is_said_to_fit_and_why():
     assert "reserved by the caching allocator" in html and "emptied its cache" in html
 
 
+@pytest.mark.slow
 def test_each_rank_of_a_data_parallel_step_is_judged_at_the_card_s_limit():
     """Under a strategy, each rank's caching allocator runs bounded at the card, as one device's
     does: a card between a rank's allocated peak and its unbounded reserved peak is not "does

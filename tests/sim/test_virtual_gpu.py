@@ -206,6 +206,7 @@ def test_allocation_up_to_capacity_fits_and_one_byte_more_raises():
     del a
 
 
+@pytest.mark.slow
 def test_oom_leaves_nothing_counted():
     with ExactGPU(10 * MiB) as gpu:
         keep = torch.empty(MiB // 4)  # 1 MiB

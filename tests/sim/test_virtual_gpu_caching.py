@@ -167,12 +167,13 @@ def test_exact_accounting_has_no_allocator_snapshot() -> None:
 # --------------------------------------------------------------------------- the estimator
 
 
-CASES = [(lambda: models.make_gpt("tiny", seq=64), 4), (lambda: models.make_cnn(channels=(16, 32)), 16),
+CASES = [(lambda: models.make_gpt("micro", seq=64), 4), (lambda: models.make_cnn(channels=(16, 32)), 16),
          (lambda: models.make_mlp(width=512, depth=3), 64)]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:21"])
+@pytest.mark.slow
 def test_estimate_with_the_caching_allocator_equals_the_virtual_gpu(case, conf) -> None:
     """Fake tensors and real ones through the same allocator model: the same allocated peak,
     breakdown and reserved peak."""

@@ -93,9 +93,11 @@ class GPT(nn.Module):
 
 
 def gpt_config(size: str = "0.8B") -> dict[str, int]:
-    """GPT sizes by parameter count: ``"tiny"`` (~5M), ``"small"`` (~30M), ``"0.8B"`` (~0.8B), ``"7B"``
+    """GPT sizes by parameter count: ``"micro"`` (~0.1M, for tests that compare two accountings of
+    one step), ``"tiny"`` (~5M), ``"small"`` (~30M), ``"0.8B"`` (~0.8B), ``"7B"``
     (6.6B: the shape of the 7B open models, hidden size 4096, 32 layers, a 32,000-token vocabulary)."""
     table = {
+        "micro": dict(vocab=256, d=64, layers=2, heads=4, context=128),
         "tiny": dict(vocab=8192, d=256, layers=4, heads=4, context=256),
         "small": dict(vocab=16384, d=512, layers=8, heads=8, context=512),
         "0.8B": dict(vocab=32000, d=1536, layers=26, heads=16, context=1024),
