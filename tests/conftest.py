@@ -61,6 +61,7 @@ def browser():
 @pytest.fixture
 def recorded_history():
     """A History of three real cell records (cell 7), four samples and one marker."""
+    from vramlab.facts import MarkerKind
     from vramlab.model import History
     from vramlab.runtime.records import Recorder
     from vramlab.runtime.sampler import Sampler
@@ -71,7 +72,7 @@ def recorded_history():
     s = Sampler()
     for _ in range(4):
         s.sample_now()
-    s.mark("cell", "[7]")
+    s.mark(MarkerKind.CELL, 7)
     return History(cells=tuple(r.history), samples=tuple(s.samples), markers=tuple(s.markers))
 
 

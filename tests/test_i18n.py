@@ -11,7 +11,7 @@ from pathlib import Path
 import polib
 import pytest
 
-from vramlab.i18n import lang, set_lang, tr, tr_note
+from vramlab.i18n import lang, set_lang, tr
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGS = sorted((ROOT / "vramlab" / "locale").glob("*/LC_MESSAGES/vramlab.po"))
@@ -91,13 +91,19 @@ def test_the_compiled_catalog_is_the_catalog(po_path):
     assert have == want, "the .mo is older than its .po: python tools/i18n.py compile"
 
 
-def test_notes_are_translated_prefix_and_detail():
+def test_notes_are_translated_reason_and_detail():
+    from vramlab.display.words import note_text
+    from vramlab.facts import Note, NoteCode, Problem, Reason
+
     set_lang("pt-BR")
-    assert tr_note("NVML unavailable: no NVML library (no NVIDIA driver installed)") == \
-        "NVML indisponível: sem a biblioteca NVML (nenhum driver NVIDIA instalado)"
-    assert tr_note("NVML unavailable: some driver text") == "NVML indisponível: some driver text"
-    set_lang("en")
-    assert tr_note("NVML unavailable: x") == "NVML unavailable: x"
+    try:
+        assert note_text(Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.NO_LIBRARY))) == \
+            "NVML indisponível: sem a biblioteca NVML (nenhum driver NVIDIA instalado)"
+        assert note_text(Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.ERROR, "some driver text"))) == \
+            "NVML indisponível: some driver text"
+    finally:
+        set_lang("en")
+    assert note_text(Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.ERROR, "x"))) == "NVML unavailable: x"
 
 
 def test_the_batch_from_two_runs_in_portuguese():

@@ -3,6 +3,7 @@ import json
 from hypothesis import given, strategies as st
 
 import vramlab
+from vramlab.facts import NoteCode
 from vramlab.model import DEVICE_LAYERS, HOST_LAYERS, HostReading
 from vramlab.reconcile import device_layers, host_layers, snapshot
 
@@ -30,7 +31,7 @@ def test_snapshot_is_frozen_and_json_safe():
 def test_no_gpu_is_explained_in_notes():
     s = snapshot()
     if not any(d.id.startswith("cuda") for d in s.devices):
-        assert any("NVML" in n for n in s.notes)
+        assert any(n.code in (NoteCode.NVML_UNAVAILABLE, NoteCode.NVML_NO_GPU) for n in s.notes)
 
 
 def test_host_layers_sum_to_limit():
@@ -156,7 +157,7 @@ def test_provider_devices_are_included():
     try:
         s = snapshot()
         assert s.device("virtual:0").layer("tensors") == 40
-        assert any("boom" in n for n in s.notes)
+        assert any(n.code is NoteCode.PROVIDER_FAILED and n.detail == "RuntimeError: boom" for n in s.notes)
     finally:
         unregister_device_provider(provider)
         unregister_device_provider(broken)

@@ -146,9 +146,11 @@ def test_without_nvml_the_torch_only_checks_still_run(monkeypatch):
     import types
 
     import vramlab.selftest as st
+    from vramlab.facts import Note, NoteCode, Problem, Reason
     from vramlab.probes import nvml as nvml_mod
 
-    monkeypatch.setattr(nvml_mod, "read_nvml", lambda children=(): nvml_mod.NvmlReading(reason="NVML refused: sandbox"))
+    monkeypatch.setattr(nvml_mod, "read_nvml", lambda children=(): nvml_mod.NvmlReading(
+        reason=Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.ERROR, "NVML refused: sandbox"))))
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False,
                                                                   is_initialized=lambda: False))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)

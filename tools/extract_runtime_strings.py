@@ -18,17 +18,6 @@ import polib
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "vramlab"
 
-#: Notes the probes write in English that the display translates (``vramlab.i18n.tr_note``):
-#: the detail of "NVML unavailable: ..." and the other notes a learner must understand.
-NOTES = (
-    "NVML unavailable: {detail}",
-    "no NVML library (no NVIDIA driver installed)",
-    "the NVIDIA driver is not loaded",
-    "no permission to talk to the NVIDIA driver",
-    "torch is not imported: allocator figures are not read",
-)
-
-
 LESSONS = ROOT / "tools" / "notebooks"
 
 
@@ -67,8 +56,6 @@ def tr_strings() -> dict[str, list[str]]:
     for lesson, cell, source in lesson_cells():
         for msg, _line in _calls(ast.parse(source, f"{lesson} cell {cell}")):
             found.setdefault(msg, []).append(f"tools/notebooks/{lesson}.py:cell{cell}")
-    for n in NOTES:
-        found.setdefault(n, []).append("notes (vramlab.i18n.tr_note)")
     sys.path.insert(0, str(ROOT))
     from vramlab.model import DEVICE_LAYERS, HOST_LAYERS
 

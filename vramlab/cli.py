@@ -35,6 +35,7 @@ from typing import Iterator, Optional, Sequence
 
 from ._extras import MissingExtra, require_prometheus_client
 from ._version import __version__
+from .display.words import note_dict
 from .display.text import interval_problem, snapshot_text
 from .i18n import tr
 from .exposition import check_labels, exposition_text, write_textfile
@@ -115,7 +116,11 @@ class _Output:
             return None
         if self.args.prometheus is not None:
             return exposition_text(snap, labels=self.labels).rstrip("\n")
-        return json.dumps(snap.to_dict()) if self.args.json else snapshot_text(snap)
+        if self.args.json:
+            d = snap.to_dict()
+            d["notes"] = [note_dict(n) for n in snap.notes]
+            return json.dumps(d)
+        return snapshot_text(snap)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

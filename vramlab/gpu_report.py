@@ -51,10 +51,16 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import selftest
 from ._version import __version__
+from .display.words import note_text
+from .facts import NoteCode
 
 __all__ = ["Row", "run_report", "main", "sandbox", "monitor_gaps", "TRACE_WORKLOADS"]
 
 GiB = 1 << 30
+
+#: the notes that say why this process's GPU memory is not attributed to it
+_ATTRIBUTION_NOTES = (NoteCode.PIDS_HIDDEN, NoteCode.PIDS_HIDDEN_SELF_UNLISTED, NoteCode.SELF_UNLISTED,
+                      NoteCode.NO_PROCESS_MEMORY)
 
 
 @dataclass
@@ -98,8 +104,8 @@ def _environment() -> list[Row]:
         rows.append(Row("machine", "torch", "INFO", f"not importable: {type(e).__name__}"))
     rows.append(Row("machine", "sandbox", "INFO", sandbox()))
     nv = read_nvml()
-    if nv.reason:
-        rows.append(Row("machine", "NVML", "INFO", nv.reason))
+    if nv.reason is not None:
+        rows.append(Row("machine", "NVML", "INFO", note_text(nv.reason, english=True)))
     else:
         names = ", ".join(f"{d.index}: {d.name}" for d in nv.devices if d.mig_index is None)
         rows.append(Row("machine", "NVML", "INFO", f"driver {nv.driver_version}; {names}"))
@@ -156,8 +162,9 @@ def _attribution(torch: Any, why: Optional[str]) -> list[Row]:
     from .units import format_bytes
 
     nv0 = read_nvml()
-    if nv0.reason or not nv0.devices:
-        return [Row("attribution", name, "SKIP", f"NVML: {nv0.reason or 'no device'}")]
+    if nv0.reason is not None or not nv0.devices:
+        why = note_text(nv0.reason, english=True) if nv0.reason is not None else "no device"
+        return [Row("attribution", name, "SKIP", f"NVML: {why}")]
     x = torch.empty(GiB, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
     time.sleep(0.5)
@@ -169,7 +176,7 @@ def _attribution(torch: Any, why: Optional[str]) -> list[Row]:
     torch.cuda.empty_cache()
     listed = f"PID {os.getpid()} listed: {dev.pid_listed}; NVML lists {len(dev.processes)} PIDs, {dev.hidden_pids} of them not in this namespace"
     unattributed = d.layer("unattributed")
-    notes = [n for n in snap.notes if "attribut" in n or "namespace" in n or "container" in n]
+    notes = [note_text(n, english=True) for n in snap.notes if n.code in _ATTRIBUTION_NOTES]
     if (d.process_used or 0) >= GiB:
         return [Row("attribution", name, "PASS", f"attributed to this process: {format_bytes(d.process_used)}; {listed}")]
     if unattributed >= GiB and notes:

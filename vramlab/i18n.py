@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["LANGS", "N_", "lang", "set_lang", "tr", "tr_all", "tr_note"]
+__all__ = ["LANGS", "N_", "lang", "set_lang", "tr", "tr_all"]
 
 #: The languages vramlab speaks: English and Brazilian Portuguese.
 LANGS = ("en", "pt-BR")
@@ -111,17 +111,3 @@ def N_(message: str) -> str:
 def tr_all(message: str) -> dict[str, str]:
     """``message`` in every language vramlab speaks: ``{"en": ..., "pt-BR": ...}``."""
     return {code: message if code == "en" else _catalog(code).gettext(message) for code in LANGS}
-
-
-#: Notes that carry a detail after a fixed prefix: the prefix and the detail are looked up apart.
-_NOTE_PREFIXES = ("NVML unavailable: ",)
-
-
-def tr_note(note: str) -> str:
-    """A snapshot's note in the current language (the probes write them in English)."""
-    if lang() == "en":
-        return note
-    for prefix in _NOTE_PREFIXES:
-        if note.startswith(prefix):
-            return tr(prefix + "{detail}", detail=tr(note[len(prefix):]))
-    return tr(note)

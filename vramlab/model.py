@@ -23,6 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
+from .facts import MarkerKind, Note, Problem
 from .files import write_atomically
 
 __all__ = [
@@ -168,6 +169,7 @@ class DeviceSnapshot:
     ``source`` says which readings it combines (``"nvml+torch"``, ``"nvml"``,
     ``"torch"``, ``"virtual"``). ``children_used`` is what NVML lists under the PIDs of
     this process's descendants (``None`` when not read); ``other_processes_used`` leaves it out.
+    ``unreadable`` says why a device NVML lists has no figures (a lost GPU), else ``None``.
     """
 
     id: str
@@ -196,6 +198,7 @@ class DeviceSnapshot:
     unified_memory: bool
     layers: tuple[tuple[str, int], ...]
     children_used: Optional[int] = None
+    unreadable: Optional[Problem] = None
 
     def layer(self, key: str) -> int:
         """The size of one layer in bytes (0 when absent)."""
@@ -210,13 +213,14 @@ class Snapshot:
         time: seconds since the epoch (``time.time()``).
         host: the host reading.
         devices: every accelerator, torch order first.
-        notes: one line for each reading that is missing, and why.
+        notes: one :class:`~vramlab.facts.Note` for each reading that is missing, and why
+            (:func:`vramlab.display.words.note_text` says it in words).
     """
 
     time: float
     host: HostSnapshot
     devices: tuple[DeviceSnapshot, ...]
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[Note, ...] = field(default_factory=tuple)
 
     def device(self, id: str) -> DeviceSnapshot:
         """The device named ``id`` (``"cuda:0"``); ``KeyError`` when absent."""
@@ -226,7 +230,8 @@ class Snapshot:
         raise KeyError(f"no device {id!r} in this snapshot (have: {', '.join(d.id for d in self.devices) or 'none'})")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict: sizes as ints in bytes, missing readings as ``None``."""
+        """A JSON-safe dict: sizes as ints in bytes, missing readings as ``None``, each note as its
+        code and fields (:meth:`vramlab.facts.Note.to_dict`; the CLI's JSON adds its text)."""
         host = asdict(self.host)
         host["layers"] = dict(self.host.layers)
         host["children_pids"] = list(self.host.children_pids)
@@ -240,7 +245,7 @@ class Snapshot:
             "time_iso": _dt.datetime.fromtimestamp(self.time, _dt.timezone.utc).isoformat(),
             "host": host,
             "devices": devices,
-            "notes": list(self.notes),
+            "notes": [n.to_dict() for n in self.notes],
         }
 
     def __repr__(self) -> str:
@@ -390,11 +395,12 @@ class Sample:
 
 @dataclass(frozen=True)
 class Marker:
-    """A point on the timeline: ``kind`` is ``"cell"`` (a cell started) or ``"oom"``."""
+    """A point on the timeline (``time`` in seconds since the epoch): a cell started, or ran out
+    of memory (``kind``), with the cell's execution count (``None`` when IPython gave none)."""
 
     time: float
-    kind: str
-    label: str
+    kind: MarkerKind
+    execution_count: Optional[int] = None
 
 
 def _cell_row(r: CellRecord) -> dict[str, Any]:

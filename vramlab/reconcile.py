@@ -41,6 +41,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
+from .facts import Note, NoteCode
 from .model import DEVICE_LAYERS, HOST_LAYERS, DeviceSnapshot, HostReading, HostSnapshot, Snapshot
 from .probes.cuda_order import bare_uuid, map_visible_devices
 from .probes.host import read_host
@@ -230,7 +231,7 @@ def reset_provider_peaks() -> None:
 # --------------------------------------------------------------------------- snapshot()
 
 
-def _order_note(visible: list[NvmlDevice]) -> Optional[str]:
+def _order_note(visible: list[NvmlDevice]) -> Optional[Note]:
     """Before torch is up, ``cuda:i`` follows NVML's PCI order. CUDA's default order
     (``CUDA_DEVICE_ORDER=FASTEST_FIRST``) is the same only when the GPUs are alike; say
     when it is assumed."""
@@ -239,13 +240,12 @@ def _order_note(visible: list[NvmlDevice]) -> Optional[str]:
     names = {d.name for d in visible if d.mig_index is None and d.readable}
     if len(names) <= 1:
         return None
-    return ("the cuda:i order is assumed to be PCI bus order: with CUDA_DEVICE_ORDER=FASTEST_FIRST (CUDA's "
-            f"default) these different GPUs ({', '.join(sorted(names))}) may be numbered otherwise; set "
-            "CUDA_DEVICE_ORDER=PCI_BUS_ID, or let torch initialise CUDA, for the exact order")
+    return Note(NoteCode.ORDER_ASSUMED, source=", ".join(sorted(names)))
 
 
 
-def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[TorchDevice], notes: list[str]) -> DeviceSnapshot:
+def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[TorchDevice],
+                notes: list[Note]) -> DeviceSnapshot:
     hidden: Optional[int] = 0
     if nv is not None:
         total, used, free, rd = nv.total, nv.used, nv.free, nv.reserved
@@ -256,18 +256,13 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
             # NVML does not list this PID: in a PID namespace its memory is under a host PID
             process_used = None
             if nv.hidden_pids:
-                notes.append(f"{id}: NVML lists {nv.hidden_pids} process(es) whose PIDs this PID namespace "
-                             "cannot see (a container): their memory, this process's own if it has any, is shown as "
-                             "unattributed, not as other processes")
+                notes.append(Note(NoteCode.PIDS_HIDDEN_SELF_UNLISTED, device=id, count=nv.hidden_pids))
             else:
-                notes.append(f"{id}: NVML does not list this process (a PID namespace?): "
-                             "context and other processes are shown together as unattributed")
+                notes.append(Note(NoteCode.SELF_UNLISTED, device=id))
         elif nv.readable and nv.hidden_pids:
-            notes.append(f"{id}: NVML lists {nv.hidden_pids} process(es) whose PIDs this PID namespace cannot see: "
-                         "their memory is shown as unattributed, not as other processes")
+            notes.append(Note(NoteCode.PIDS_HIDDEN, device=id, count=nv.hidden_pids))
         elif nv.readable and nv.process_list is not None and nv.pid_listed and process_used is None:
-            notes.append(f"{id}: NVML gives no memory figure for this process (usedGpuMemory not available): "
-                         "what torch does not hold is shown as unattributed")
+            notes.append(Note(NoteCode.NO_PROCESS_MEMORY, device=id))
     else:
         total = td.mem_total if td is not None else None
         free = td.mem_free if td is not None else None
@@ -296,6 +291,7 @@ def _from_parts(id: str, kind: str, nv: Optional[NvmlDevice], td: Optional[Torch
         uuid=(nv.uuid if nv is not None else (td.uuid if td else None)),
         source=source,
         nvml_index=nv.index if nv is not None else None,
+        unreadable=nv.unreadable if nv is not None else None,
         total=total,
         free=free,
         used=used,
@@ -332,15 +328,14 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
             device properties). The background sampler passes ``False`` (safe during
             CUDA graph capture): NVML and the allocator's host-side counters only.
     """
-    notes: list[str] = []  # the host's first (an unreadable cgroup file), then the devices'
+    notes: list[Note] = []  # the host's first (an unreadable cgroup file), then the devices'
     h = read_host(uss=uss, notes=notes)
     host = HostSnapshot(**vars(h), layers=host_layers(h))
     nvml = read_nvml(children=h.children_pids)
-    if nvml.reason:
+    if nvml.reason is not None:
         notes.append(nvml.reason)
-    notes.extend(nvml.notes)
     for d in nvml.devices:
-        if d.note:
+        if d.note is not None:
             notes.append(d.note)
     torch_devs, tnotes = read_torch(import_torch=import_torch, runtime_calls=cuda_calls)
     notes.extend(tnotes)
@@ -359,7 +354,7 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
             if nv is not None:
                 used_nv.add((nv.index, nv.mig_index))
             elif nvml.devices:
-                notes.append(f"{t.id}: no NVML device has torch's UUID {t.uuid}: allocator figures only")
+                notes.append(Note(NoteCode.NO_NVML_MATCH, device=t.id, source=str(t.uuid)))
             devices.append(_from_parts(t.id, "cuda", nv, t, notes))
     else:
         for i, nv in enumerate(visible):
@@ -369,7 +364,7 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
         if order:
             notes.append(order)
         if visible and "torch" in sys.modules:
-            notes.append("torch has not initialised CUDA: allocator figures are not read (no context is created)")
+            notes.append(Note(NoteCode.CUDA_NOT_INITIALISED))
     for t in torch_devs:
         if t.kind != "cuda":
             devices.append(_from_parts(t.id, t.kind, None, t, notes))
@@ -379,14 +374,15 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
                 for m in nvml.devices)):
             continue
         devices.append(_from_parts(f"nvml:{nv.index}" + (f".{nv.mig_index}" if nv.mig_index is not None else ""),
-                                   "cuda", nv, None, []))
+                                   "cuda", nv, None, notes))
     with _PROVIDERS_LOCK:
         providers = list(_PROVIDERS)
     for p in providers:
         try:
             devices.extend(p())
         except Exception as e:
-            notes.append(f"device provider {getattr(p, '__qualname__', p)} failed: {type(e).__name__}: {e}")
+            notes.append(Note(NoteCode.PROVIDER_FAILED, source=str(getattr(p, "__qualname__", p)),
+                              detail=f"{type(e).__name__}: {e}"))
     if "torch" not in sys.modules:
-        notes.append("torch is not imported: allocator figures are not read")
+        notes.append(Note(NoteCode.TORCH_NOT_IMPORTED))
     return Snapshot(time=h.time, host=host, devices=tuple(devices), notes=tuple(notes))

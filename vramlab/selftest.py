@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from .display.words import note_text
 from .probes.cuda_order import bare_uuid
 
 __all__ = ["Check", "run_checks", "main", "CHECKS", "check_no_context", "check_nvidia_smi", "check_mapping",
@@ -246,7 +247,8 @@ def run_checks(log: Callable[[str], None] = lambda s: None) -> list[Check]:
 
     nv = read_nvml()
     # without NVML, the checks that need it are skipped and the torch-only ones still run
-    no_nvml = f"skipped: {nv.reason or 'NVML found no NVIDIA device'}" if nv.reason or not nv.devices else None
+    why = note_text(nv.reason, english=True) if nv.reason is not None else "NVML found no NVIDIA device"
+    no_nvml = f"skipped: {why}" if nv.reason is not None or not nv.devices else None
 
     def with_nvml(name: str, fn: Callable[[], Verdict]) -> None:
         if no_nvml:

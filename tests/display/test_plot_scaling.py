@@ -3,6 +3,7 @@
 import pytest
 
 from vramlab.display.plot import MAX_LABELS, plot_history
+from vramlab.facts import MarkerKind
 from vramlab.model import CellRecord, DeviceSample, History, HostDelta, Marker, Sample
 
 GiB = 1 << 30
@@ -19,7 +20,7 @@ def _history(n_cells, oom_cells=(), error_cells=()):
                            swap_used=None, swap_in=None, swap_out=None,
                            devices=(DeviceSample("cuda:0", GiB, 2 * GiB, 3 * GiB, 16 * GiB),))
                     for t in range(2 * n_cells))
-    markers = tuple(Marker(1000.0 + 2 * i + 0.5, "oom", f"OOM in [{i + 1}]") for i in oom_cells)
+    markers = tuple(Marker(1000.0 + 2 * i + 0.5, MarkerKind.OOM, i + 1) for i in oom_cells)
     return History(cells=cells, samples=samples, markers=markers)
 
 

@@ -1,5 +1,6 @@
 """The plain-text renderers."""
 
+from vramlab.display.words import note_text
 from vramlab.display.text import record_line, record_text, snapshot_text, text_bar
 from vramlab.reconcile import snapshot
 from vramlab.units import format_bytes
@@ -31,7 +32,7 @@ def test_text_bar_width_and_order():
 def test_notes_are_shown():
     s = snapshot()
     for n in s.notes:
-        assert n in snapshot_text(s)
+        assert note_text(n) in snapshot_text(s)
 
 
 def test_children_have_their_own_lines_on_the_host_and_the_device(children_snapshot):

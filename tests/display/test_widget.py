@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from vramlab.facts import MarkerKind, Stop, StopReason
 from vramlab.runtime.sampler import Sampler
 
 MiB = 2**20
@@ -189,7 +190,7 @@ def test_sparkline_markers_and_warning(gpu_snapshot):
     samples = [Sample(time=now - 10 + i, rss=i * MiB, peak=None, host_used=95 * MiB, available=5 * MiB,
                       limit=100 * MiB, swap_used=0, swap_in=0, swap_out=0,
                       devices=(DeviceSample("virtual:0", 0, 0, 50 * MiB, 100 * MiB),)) for i in range(10)]
-    svg = sparkline_svg(samples, [Marker(now - 5, "cell", "[3]"), Marker(now - 2, "oom", "OOM in [4]")], now)
+    svg = sparkline_svg(samples, [Marker(now - 5, MarkerKind.CELL, 3), Marker(now - 2, MarkerKind.OOM, 4)], now)
     assert svg.count("<polyline") == 3 and "OOM in [4]" in svg and "[3]" in svg
     assert len(svg) < 8192
     html = bars_html(gpu_snapshot)
@@ -321,11 +322,11 @@ def test_the_monitor_speaks_english_or_portuguese(children_snapshot, speak):
     s = Sampler(read=lambda: next(snaps))
     s.sample_now()
     s.sample_now()  # two readings a second apart: a paging rate
-    s.markers.append(Marker(s.latest.time, "oom", "OOM in [4]"))
+    s.markers.append(Marker(s.latest.time, MarkerKind.OOM, 4))
     m = Monitor(s)
     try:
         def render():
-            s.stopped_reason = "extension unloaded"
+            s.stopped_reason = Stop(StopReason.UNLOADED)
             return {"live": m.static_html(), "stopped": m.static_html(stopped=True),
                     "status": m._status_html(), "plain": m._repr_mimebundle_()["text/plain"],
                     "frozen": m._frozen_bundle()["text/plain"]}
@@ -377,7 +378,7 @@ def test_the_monitor_says_swap_is_missing_and_the_sampling_error_in_portuguese(s
         status = m._status_html()
         assert "amostrando a cada 0.5 s" in status and "erro de amostragem: OSError: cgroup vanished" in status
         assert "sampling" not in status
-        s.stopped_reason = "stopped after 3 failed readings: OSError: cgroup vanished"
+        s.stopped_reason = Stop(StopReason.FAILED_READINGS, 3, "OSError: cgroup vanished")
         status = m._status_html(stopped=True)
         assert "parado (parado após 3 leituras com falha: OSError: cgroup vanished)" in status
         speak("en")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from vramlab.facts import Note, NoteCode
 from vramlab.probes import cgroup, host
 from vramlab.probes.cgroup import CgroupFiles, find_cgroup_limit, parse_cgroup_limit, parse_inactive_file, working_set
 from vramlab.probes.host import read_host
@@ -226,7 +227,7 @@ def test_an_unreadable_limit_file_is_named_not_taken_for_no_limit(tmp_path, stat
 def test_an_unreadable_limit_shows_physical_ram_with_a_note(tmp_path, monkeypatch, state, content, shown):
     h, notes = _host_reading(monkeypatch, _v2_copy(tmp_path, memory_max=content))
     assert h.limit_source == "physical RAM" and h.limit == h.total and h.cgroup_usage is None
-    assert notes == [f"cgroup memory limit unreadable (memory.max of /: {shown}): showing physical RAM"]
+    assert notes == [Note(NoteCode.CGROUP_LIMIT_UNREADABLE, detail=f"memory.max of /: {shown}")]
 
 
 @linux
@@ -276,8 +277,7 @@ def test_an_unreadable_usage_keeps_the_limit_and_caps_available_at_it(tmp_path, 
         pytest.skip("this machine has no more RAM than the fixture's limit")
     assert h.limit == V2_LIMIT and h.limit_source == "cgroup v2 memory.max (/)" and h.cgroup_usage is None
     assert 0 <= h.available <= h.limit
-    assert notes == [f"cgroup memory usage unreadable (memory.current of /: {shown}): available memory is capped "
-                     "at the limit, and may be lower"]
+    assert notes == [Note(NoteCode.CGROUP_USAGE_UNREADABLE, detail=f"memory.current of /: {shown}")]
 
 
 @linux
@@ -292,8 +292,7 @@ def test_an_undecodable_memory_stat_is_a_note_and_the_usage_is_the_charge(tmp_pa
         pytest.skip("this machine has no more RAM than the fixture's limit")
     assert h.limit == V2_LIMIT and h.cgroup_usage == 734003200
     assert 0 <= h.available <= V2_LIMIT - 734003200
-    assert notes == ["cgroup memory.stat unreadable (memory.stat of /: not UTF-8 text): the cgroup's usage counts "
-                     "its inactive page cache"]
+    assert notes == [Note(NoteCode.CGROUP_STAT_UNREADABLE, detail="memory.stat of /: not UTF-8 text")]
 
 
 @linux
@@ -343,6 +342,7 @@ def test_the_snapshot_and_its_text_carry_the_cgroup_note(tmp_path, monkeypatch):
     root = _v2_copy(tmp_path, memory_max="garbage\n")
     monkeypatch.setattr(host, "CGROUP", _files(root))
     snap = snapshot()
-    note = "cgroup memory limit unreadable (memory.max of /: 'garbage'): showing physical RAM"
-    assert note in snap.notes and note in snapshot_text(snap)
+    assert Note(NoteCode.CGROUP_LIMIT_UNREADABLE, detail="memory.max of /: 'garbage'") in snap.notes
+    # the wording, pinned once: what %vram prints
+    assert "cgroup memory limit unreadable (memory.max of /: 'garbage'): showing physical RAM" in snapshot_text(snap)
     assert snap.host.available <= snap.host.limit

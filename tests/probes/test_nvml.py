@@ -9,6 +9,8 @@ import os
 import driver_scenarios as sc
 import pytest
 
+from vramlab.display.words import note_text
+from vramlab.facts import Note, NoteCode, Problem, Reason
 from vramlab.probes.nvml import read_nvml
 
 GiB, MiB = sc.GiB, sc.MiB
@@ -18,8 +20,8 @@ def test_no_library_is_a_reason_not_an_exception():
     r = read_nvml()
     if r.devices:
         pytest.skip("this machine has NVIDIA devices")
-    assert r.reason and "\n" not in r.reason
-    assert r.reason.startswith("NVML")
+    assert r.reason is not None and r.reason.code in (NoteCode.NVML_UNAVAILABLE, NoteCode.NVML_NO_GPU)
+    assert "\n" not in note_text(r.reason) and note_text(r.reason).startswith("NVML")
 
 
 def test_v2_memory_and_the_v3_process_list(nvml_sim):
@@ -72,7 +74,7 @@ def test_unified_memory_falls_back_to_host(nvml_sim):
 
     nvml_sim(sc.unified())
     d0 = read_nvml().devices[0]
-    assert d0.unified_memory and "unified memory" in d0.note
+    assert d0.unified_memory and d0.note == Note(NoteCode.UNIFIED_MEMORY, device=d0.name)
     assert d0.total == read_host().total
 
 
@@ -87,7 +89,8 @@ def test_init_failure_is_a_reason_looked_up_once(nvml_sim):
 
     sim.nvmlInit = counted
     r = read_nvml()
-    assert r.reason == "NVML unavailable: the NVIDIA driver is not loaded"
+    assert r.reason == Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.DRIVER_NOT_LOADED))
+    assert note_text(r.reason) == "NVML unavailable: the NVIDIA driver is not loaded"
     read_nvml(), read_nvml()
     assert len(calls) == 1
 
@@ -96,7 +99,8 @@ def test_a_lost_gpu_keeps_its_index_and_says_why(nvml_sim):
     nvml_sim(sc.lost_among_three())
     r = read_nvml()
     assert [(d.index, d.readable) for d in r.devices] == [(0, True), (1, False), (2, True)]
-    assert "GPU is lost" in r.devices[1].note and r.devices[2].used == 4 * GiB
+    assert r.devices[1].unreadable == Problem(Reason.GPU_LOST) and r.devices[2].used == 4 * GiB
+    assert r.devices[1].note == Note(NoteCode.NVML_DEVICE_UNREADABLE, device="nvml:1", problem=Problem(Reason.GPU_LOST))
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="PID visibility is read from /proc")
@@ -256,7 +260,7 @@ def test_a_device_count_failure_is_a_reason_and_nvml_is_shut_down_again(nvml_sim
 
     sim.nvmlDeviceGetCount = fail
     r = read_nvml()
-    assert r.reason.startswith("NVML unavailable: ") and not r.devices and r.driver_version == "575.57.08"
+    assert r.reason is not None and r.reason.code is NoteCode.NVML_UNAVAILABLE and not r.devices and r.driver_version == "575.57.08"
     read_nvml()
     assert calls == ["nvmlInit", "nvmlShutdown"]  # failed once: not tried again, nothing left initialised
 

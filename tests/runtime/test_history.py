@@ -10,7 +10,7 @@ def test_export_json_and_csv(tmp_path, recorded_history):
     h = recorded_history
     p = h.export(tmp_path / "h.json")
     d = json.load(open(p))
-    assert len(d["cells"]) == 3 and len(d["samples"]) == 4 and d["markers"][0]["label"] == "[7]"
+    assert len(d["cells"]) == 3 and len(d["samples"]) == 4 and d["markers"][0] == {"time": d["markers"][0]["time"], "kind": "cell", "execution_count": 7}
     p = h.export(tmp_path / "cells.csv")
     rows = list(csv.DictReader(open(p)))
     assert len(rows) == 3 and rows[0]["execution_count"] == "7" and "host_peak_delta" in rows[0]

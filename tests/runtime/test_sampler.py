@@ -2,6 +2,8 @@ import threading
 import time
 
 import pytest
+
+from vramlab.facts import MarkerKind, Stop, StopReason
 from waiting import wait_for
 
 from vramlab.runtime.sampler import DEFAULT_INTERVAL, RING_SIZE, MAX_CONSECUTIVE_ERRORS, Sampler, get_sampler
@@ -66,7 +68,7 @@ def test_failing_reads_are_recorded_and_stop_cleanly(capsys):
     assert len(calls) == MAX_CONSECUTIVE_ERRORS
     assert s.errors == MAX_CONSECUTIVE_ERRORS
     assert "probe exploded" in s.last_error
-    assert "failed readings" in s.stopped_reason
+    assert s.stopped_reason.reason is StopReason.FAILED_READINGS and s.stopped_reason.count >= 1
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""  # never prints
 
@@ -114,7 +116,7 @@ def test_listener_failure_is_recorded_and_listener_dropped():
 
 def test_markers_and_cpu_accounting():
     s = get_sampler()
-    s.mark("cell", "[1]")
+    s.mark(MarkerKind.CELL, 1)
     assert s.markers[-1].kind == "cell"
     s.start(0.02)
     try:
@@ -231,7 +233,7 @@ def test_a_sampler_is_a_context_manager_that_always_stops():
     with pytest.raises(KeyError), s as same:
         assert same is s and s.running
         raise KeyError("in the block")
-    assert not s.running and s.stopped_reason == "stopped"
+    assert not s.running and s.stopped_reason == Stop(StopReason.STOPPED)
 
 
 def test_an_interval_no_thread_can_wait_is_refused():

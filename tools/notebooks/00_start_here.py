@@ -81,7 +81,8 @@
 # %%
 import vramlab
 from vramlab import format_bytes
-from vramlab.i18n import tr, tr_note
+from vramlab.display.words import note_text
+from vramlab.i18n import tr
 from vramlab.lessons.predict import guess
 from vramlab.lessons.ramplan import NO_PEAK_RESET
 from vramlab.model import HOST_LAYERS
@@ -94,7 +95,7 @@ for key, size in host.layers:
     print(f"{tr(HOST_LAYERS[key]):<16}{format_bytes(size):>12}")
 print(tr("devices:"), [d.id for d in snap.devices] or tr("none"))
 for note in snap.notes:
-    print(tr("note: {note}", note=tr_note(note)))
+    print(tr("note: {note}", note=note_text(note)))
 
 # %%
 import psutil

@@ -12,7 +12,8 @@ import datetime as _dt
 import html as _html
 from typing import Optional
 
-from ..i18n import tr, tr_note
+from ..i18n import tr
+from .words import note_text
 from ..model import CellRecord, OOMExplanation, Snapshot
 from ..units import format_bytes
 from .text import children_extra, device_labels, host_labels, oom_text, unreadable_text, virtual_smi_text
@@ -108,7 +109,7 @@ def snapshot_html(s: Snapshot) -> str:
         title += "</small>"
         body = ""
         if d.source.startswith("nvml") and d.total is None:
-            body += f'<div style="font-size:90%">{_html.escape(unreadable_text(d, s.notes) or "")}</div>'
+            body += f'<div style="font-size:90%">{_html.escape(unreadable_text(d) or "")}</div>'
         if d.layers:
             warn = _used_fraction(d.layers, ("free",)) >= _WARN
             body += html_bar(d.layers, device_labels())
@@ -134,7 +135,7 @@ def snapshot_html(s: Snapshot) -> str:
     notes = ""
     if s.notes:
         notes = ('<div style="font-size:85%;opacity:0.8;margin-top:4px">'
-                 + "<br>".join("• " + _html.escape(tr_note(n)) for n in s.notes) + "</div>")
+                 + "<br>".join("• " + _html.escape(note_text(n)) for n in s.notes) + "</div>")
     return (f'<div class="vramlab-snapshot" style="font-family:var(--jp-ui-font-family,sans-serif);color:inherit">'
             f'<div style="font-size:90%;opacity:0.8">{_html.escape(tr("vramlab snapshot {when}", when=when))}</div>'
             f'<table style="border-collapse:collapse;color:inherit;background:transparent">{"".join(rows)}</table>'

@@ -9,7 +9,8 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any, Optional
 
-from ..i18n import tr, tr_note
+from ..i18n import tr
+from .words import note_text, problem_text
 from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, FreedReport, History, HostDelta,
                      HostSnapshot, OOMExplanation, Snapshot)
 from ..units import IntervalError, format_bytes
@@ -83,26 +84,19 @@ _UNREADABLE = "NVML cannot read this device"
 tr("NVML cannot read this device")  # (for the catalog's extraction: _UNREADABLE goes through tr)
 
 
-def unreadable_text(d: DeviceSnapshot, notes: tuple[str, ...] = ()) -> Optional[str]:
+def unreadable_text(d: DeviceSnapshot) -> Optional[str]:
     """Why a device has no figures, in words, or ``None`` when it has them.
 
     For a GPU that NVML lists but cannot read (a lost GPU): ``"NVML cannot read this
-    device: <why>"``, the reason taken from the snapshot's note for its NVML index (or
-    ``see the notes`` when none says). For another device without a total: ``"no memory
+    device: <why>"``, from the device's own :attr:`~vramlab.model.DeviceSnapshot.unreadable`
+    (``see the notes`` when it has none). For another device without a total: ``"no memory
     figures: see the notes"``.
     """
     if d.total is not None:
         return None
     if not d.source.startswith("nvml"):
         return tr("no memory figures: see the notes")
-    why = tr("see the notes")
-    if d.nvml_index is not None:
-        head = f"NVML device {d.nvml_index}"
-        for n in notes:
-            if (n.startswith(head + " ") or n.startswith(head + "(")) and " cannot be read: " in n:
-                why = n.split(" cannot be read: ", 1)[1]
-                why = why.split("; it is left out of the figures", 1)[0].strip() or why
-                break
+    why = problem_text(d.unreadable) if d.unreadable is not None else tr("see the notes")
     return f"{tr(_UNREADABLE)}: {why}"
 
 
@@ -167,7 +161,7 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
         if d.kind == "virtual" and d.used is not None:
             lines.append("  " + virtual_smi_text(d))
         if d.source.startswith("nvml") and d.total is None:
-            lines.append(f"  ({unreadable_text(d, s.notes)})")
+            lines.append(f"  ({unreadable_text(d)})")
         elif d.source == "nvml" and d.id.startswith("cuda"):
             lines.append("  " + tr("(torch has not used this device: no allocator figures)"))
     if not s.devices:
@@ -176,7 +170,7 @@ def snapshot_text(s: Snapshot, width: int = 40) -> str:
     if s.notes:
         lines.append("")
         lines.append(tr("notes:"))
-        lines.extend(f"  - {tr_note(n)}" for n in s.notes)
+        lines.extend(f"  - {note_text(n)}" for n in s.notes)
     return "\n".join(lines)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import html as _html
 import itertools
-import re
 import threading
 import time
 import uuid
@@ -35,15 +34,19 @@ from typing import Any, Deque, Iterable, Optional
 
 import ipywidgets as widgets
 
+from ..facts import StopReason
 from ..i18n import tr
 from ..units import format_bytes
 from .html import COLOURS, html_bar
+from .words import marker_text, stop_text
 from .text import device_labels, host_labels, snapshot_text, unreadable_text
 
 __all__ = ["Monitor", "SampleWindow", "bars_html", "sparkline_svg", "MAX_UPDATES_PER_S", "WINDOW_S", "SPARK_POINTS"]
 
 MAX_UPDATES_PER_S = 4
 WINDOW_S = 300.0  # seconds of history in the sparkline
+#: the sparkline's keys for the host's lines (a device's line is keyed by its id)
+HOST_RSS, HOST_USED = "host:rss", "host:used"
 SPARK_POINTS = 120  # at most this many points per line of the sparkline (each the highest of its stretch)
 MIN_SPAN_S = 30.0  # the sparkline's shortest time axis, while there is less history than WINDOW_S
 _Y_TOPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the sparkline's y axis ends at the first that fits
@@ -97,7 +100,7 @@ def bars_html(snap: Any, swap_rate: Optional[tuple[float, float]] = None) -> str
     rows = []
     for d in snap.devices:
         if not d.layers:
-            why = unreadable_text(d, tuple(snap.notes)) or tr("no memory figures: see the notes")
+            why = unreadable_text(d) or tr("no memory figures: see the notes")
             rows.append(_row(d.id, _html.escape(d.name or ""), "",
                              f'<span style="color:#e15759">{_html.escape(why)}</span>', True))
             continue
@@ -159,9 +162,10 @@ class SampleWindow:
     gives: when the clock went back (a sample older than the one before it, or an earlier
     ``now``), or when the samples seen last left the ring, it is rebuilt that way.
 
-    ``series`` maps each line's label to its ``(time, fraction of capacity)`` points, in
-    order: ``host RSS`` and ``host used`` (of the host's effective limit), then ``<id> used``
-    per device (of its total), in the order the devices first appear in the window.
+    ``series`` maps each line's key to its ``(time, fraction of capacity)`` points, in
+    order: :data:`HOST_RSS` and :data:`HOST_USED` (of the host's effective limit), then each
+    device's id (its used memory, of its total), in the order the devices first appear in the
+    window.
     """
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
@@ -203,22 +207,22 @@ class SampleWindow:
         self._last = recent[-1]
         host = [s for s in recent if s.limit]
         if host:
-            self.series["host RSS"] = collections.deque([(s.time, s.rss / s.limit) for s in host])
-            self.series["host used"] = collections.deque([(s.time, s.host_used / s.limit) for s in host])
+            self.series[HOST_RSS] = collections.deque([(s.time, s.rss / s.limit) for s in host])
+            self.series[HOST_USED] = collections.deque([(s.time, s.host_used / s.limit) for s in host])
         for s in recent:
             for d in s.devices:
                 if d.used is not None and d.total:
-                    self._point(f"{d.id} used", s.time, d.used / d.total)
+                    self._point(d.id, s.time, d.used / d.total)
 
     def _add(self, s: Any) -> None:
         self.samples.append(s)
         self._last = s
         if s.limit:
-            self._point("host RSS", s.time, s.rss / s.limit)
-            self._point("host used", s.time, s.host_used / s.limit)
+            self._point(HOST_RSS, s.time, s.rss / s.limit)
+            self._point(HOST_USED, s.time, s.host_used / s.limit)
         for d in s.devices:
             if d.used is not None and d.total:
-                self._point(f"{d.id} used", s.time, d.used / d.total)
+                self._point(d.id, s.time, d.used / d.total)
 
     def _point(self, label: str, t: float, f: float) -> None:
         pts = self.series.get(label)
@@ -278,24 +282,15 @@ def _span_label(span: float) -> str:
 
 
 _PALETTE = ("#59a14f", "#edc948", "#af7aa1", "#ff9da7")
-_OOM_MARK = re.compile(r"OOM in \[(.*)\]")
 
 
-def _series_label(label: str) -> str:
+def _series_label(key: str) -> str:
     """A sparkline series' label (:attr:`SampleWindow.series`' key) in the current language."""
-    if label == "host RSS":
+    if key == HOST_RSS:
         return tr("host RSS")
-    if label == "host used":
+    if key == HOST_USED:
         return tr("host used")
-    if label.endswith(" used"):
-        return tr("{id} used", id=label[: -len(" used")])
-    return label
-
-
-def _marker_label(label: str) -> str:
-    """A timeline marker's label (``[7]``, ``OOM in [7]``) in the current language."""
-    m = _OOM_MARK.fullmatch(label)
-    return tr("OOM in [{n}]", n=m.group(1)) if m else label
+    return tr("{id} used", id=key)
 
 
 def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float = WINDOW_S,
@@ -318,13 +313,13 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
     t0 = now - span
     series: list[tuple[str, str, list[tuple[float, float]]]] = []
     if win.samples:
-        series.append(("host RSS", COLOURS["process"], _downsample(list(win.series.get("host RSS", ())),
+        series.append((HOST_RSS, COLOURS["process"], _downsample(list(win.series.get(HOST_RSS, ())),
                                                                    SPARK_POINTS)))
-        series.append(("host used", COLOURS["others"], _downsample(list(win.series.get("host used", ())),
+        series.append((HOST_USED, COLOURS["others"], _downsample(list(win.series.get(HOST_USED, ())),
                                                                    SPARK_POINTS)))
         k = 0
         for label, kept in win.series.items():
-            if label in ("host RSS", "host used"):
+            if label in (HOST_RSS, HOST_USED):
                 continue
             series.append((label, _PALETTE[k % len(_PALETTE)], _downsample(list(kept), SPARK_POINTS)))
             k += 1
@@ -354,7 +349,7 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
         colour = "#e15759" if m.kind == "oom" else "rgba(127,127,127,0.6)"
         w = 2 if m.kind == "oom" else 1
         parts.append(f'<line x1="{x:.0f}" y1="0" x2="{x:.0f}" y2="{plot_h}" stroke="{colour}" stroke-width="{w}">'
-                     f"<title>{_html.escape(_marker_label(m.label))}</title></line>")
+                     f"<title>{_html.escape(marker_text(m.kind, m.execution_count))}</title></line>")
     legend = []
     for label, colour, pts in series:
         if len(pts) >= 1:
@@ -412,8 +407,8 @@ class Monitor(widgets.VBox):
         s = self._sampler
         state = _html.escape(tr("stopped") if stopped or not s.running
                              else tr("sampling every {interval} s", interval=f"{s.interval:g}"))
-        if stopped and s.stopped_reason and s.stopped_reason != "stopped":
-            state += f" ({_stopped_reason(s.stopped_reason)})"
+        if stopped and s.stopped_reason is not None and s.stopped_reason.reason is not StopReason.STOPPED:
+            state += f" ({_html.escape(stop_text(s.stopped_reason))})"
         text = f'<span style="font-size:12px;opacity:0.85"><b>vramlab</b> · {state}</span>'
         text += _unreadable_status(self._snap())
         if s.last_error:
@@ -569,19 +564,6 @@ def _unreadable_status(snap: Any) -> str:
     names = ", ".join(d.id for d in bad)
     return (f' <span style="font-size:12px;color:#e15759">· '
             f'{_html.escape(tr("{names}: cannot be read, see below", names=names))}</span>')
-
-
-_FAILED_READINGS = re.compile(r"stopped after (\d+) failed readings: (.*)", re.S)
-
-
-def _stopped_reason(reason: str) -> str:
-    """Why the sampler stopped, in the current language, escaped for the status line."""
-    if reason == "extension unloaded":
-        return _html.escape(tr("extension unloaded"))
-    m = _FAILED_READINGS.fullmatch(reason)
-    if m:
-        return _html.escape(tr("stopped after {n} failed readings: {error}", n=m.group(1), error=m.group(2)))
-    return _html.escape(reason)
 
 
 class TrialProgress:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from IPython.display import display
 
+from ..facts import MarkerKind
 from ..runtime.cells import batch_size_in, cell_key
 from ..runtime.sampler import existing_sampler, get_sampler
 from .outputs import OutputTracker, Replay, replay
@@ -139,7 +140,7 @@ class CellEvents:
             count = cell_number(self.shell, info)
             sampler = existing_sampler()
             if sampler is not None and sampler.running:
-                sampler.mark("cell", f"[{count}]")
+                sampler.mark(MarkerKind.CELL, count)
             raw = getattr(info, "raw_cell", "") or ""
             if self.auto and not raw.lstrip().startswith("%%vram"):
                 from ..runtime.records import get_recorder
@@ -191,7 +192,8 @@ class CellEvents:
             try:
                 from ..runtime.records import get_recorder
 
-                get_sampler().mark("oom", f"OOM in [{getattr(result, 'execution_count', '?')}]")
+                n = getattr(result, "execution_count", None)
+                get_sampler().mark(MarkerKind.OOM, n if isinstance(n, int) else None)
                 # the earlier records let a run of the same cell at a smaller batch give a batch that fits
                 display(explain_oom(error, self.shell.user_ns, record, history=tuple(get_recorder().history)))
             except Exception:

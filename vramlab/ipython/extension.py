@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..facts import StopReason
 from ..runtime.sampler import existing_sampler
 from .events import CellEvents
 from .magics import VramMagics
@@ -55,4 +56,4 @@ def unload(ip: Any) -> None:
     ip.magics_manager.registry.pop("VramMagics", None)
     s = existing_sampler()
     if s is not None:
-        s.stop("extension unloaded")
+        s.stop(StopReason.UNLOADED)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, TypedDict
 
+from ..facts import Note, NoteCode
 from ..model import HostReading
 from .cgroup import CGROUP, CgroupReading, os_read
 
@@ -297,24 +298,23 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def _cgroup_notes(cg: CgroupReading, limit_source: Optional[str]) -> list[str]:
+def _cgroup_notes(cg: CgroupReading, limit_source: Optional[str]) -> list[Note]:
     """The notes for what the cgroup reading could not read. ``limit_source`` is the cgroup
     limit's source when that limit is the one shown, ``None`` when physical RAM is."""
-    notes: list[str] = []
+    notes: list[Note] = []
     if cg.limit_errors:
-        shown = "physical RAM" if limit_source is None else f"the limit of {limit_source}, which may be too high"
-        notes.append(f"cgroup memory limit unreadable ({'; '.join(cg.limit_errors)}): showing {shown}")
+        errors = "; ".join(cg.limit_errors)
+        notes.append(Note(NoteCode.CGROUP_LIMIT_UNREADABLE, detail=errors) if limit_source is None
+                     else Note(NoteCode.CGROUP_LIMIT_UNREADABLE_PARENT, source=limit_source, detail=errors))
     if limit_source is not None:
         if cg.usage_error:
-            notes.append(f"cgroup memory usage unreadable ({cg.usage_error}): available memory is capped at the "
-                         "limit, and may be lower")
+            notes.append(Note(NoteCode.CGROUP_USAGE_UNREADABLE, detail=cg.usage_error))
         if cg.stat_error:
-            notes.append(f"cgroup memory.stat unreadable ({cg.stat_error}): the cgroup's usage counts its inactive "
-                         "page cache")
+            notes.append(Note(NoteCode.CGROUP_STAT_UNREADABLE, detail=cg.stat_error))
     return notes
 
 
-def _read_host_linux(uss: bool, notes: list[str], children: bool = True) -> HostReading:
+def _read_host_linux(uss: bool, notes: list[Note], children: bool = True) -> HostReading:
     now = time.time()
     status = os_read("/proc/self/status")
     meminfo = os_read("/proc/meminfo")
@@ -412,7 +412,7 @@ def _children_fields(k: ChildrenReading) -> _ChildrenFields:
             "children_pids": k.pids}
 
 
-def read_host(uss: bool = False, notes: Optional[list[str]] = None, children: bool = True) -> HostReading:
+def read_host(uss: bool = False, notes: Optional[list[Note]] = None, children: bool = True) -> HostReading:
     """Read host memory now. Sizes in bytes.
 
     Args:
@@ -420,17 +420,16 @@ def read_host(uss: bool = False, notes: Optional[list[str]] = None, children: bo
             (slower: it walks every mapping of each).
         children: also read this process's descendants (``children_*``); ``False`` leaves them
             at zero (a Jupyter server reads its kernels' trees apart, with their own names).
-        notes: a list to which one line is appended for each figure that could not be read
+        notes: a list to which one :class:`~vramlab.facts.Note` is appended for each figure that could not be read
             as it should (a cgroup limit or usage file that is unreadable, ``/proc`` that
             could not be parsed), saying what is shown instead.
     """
-    found: list[str] = []
+    found: list[Note] = []
     if _LINUX:
         try:
             reading = _read_host_linux(uss, found, children)
         except (OSError, ValueError) as e:
-            found = [f"host memory: /proc could not be read ({type(e).__name__}: {e}): read through psutil, "
-                     "without the cgroup limit"]
+            found = [Note(NoteCode.HOST_PROC_UNREADABLE, detail=f"{type(e).__name__}: {e}")]
         else:
             if notes is not None:
                 notes.extend(found)

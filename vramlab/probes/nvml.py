@@ -35,8 +35,10 @@ import os
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Optional
+
+from ..facts import Note, NoteCode, Problem, Reason
 
 __all__ = ["NvmlDevice", "NvmlReading", "read_nvml", "pid_visible"]
 
@@ -94,13 +96,14 @@ class NvmlDevice:
     other_processes_used: Optional[int]
     pid_listed: bool
     unified_memory: bool = False
-    note: Optional[str] = None
+    note: Optional[Note] = None
     gpu_instance_id: Optional[int] = None
     compute_instance_id: Optional[int] = None
     unattributed_used: Optional[int] = 0
     hidden_pids: int = 0
     process_list: Optional[str] = None
     readable: bool = True
+    unreadable: Optional[Problem] = None
     children_used: Optional[int] = 0
     children_listed: int = 0
     processes: tuple[tuple[int, Optional[int]], ...] = ()
@@ -108,12 +111,12 @@ class NvmlDevice:
 
 @dataclass(frozen=True)
 class NvmlReading:
-    """Every NVML device, in NVML order, plus why NVML is unavailable (``reason``)."""
+    """Every NVML device, in NVML order, plus why NVML is unavailable (``reason``: a note with
+    code ``NVML_UNAVAILABLE``, ``NVML_NO_GPU`` or ``NVML_READ_FAILED``)."""
 
     devices: tuple[NvmlDevice, ...] = ()
-    reason: Optional[str] = None
+    reason: Optional[Note] = None
     driver_version: Optional[str] = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 # --------------------------------------------------------------------------- process lists
@@ -183,7 +186,7 @@ class _CachedDevice:
         mig_enabled: whether this whole GPU has MIG mode on.
         gpu_instance_id, compute_instance_id: a MIG instance's ids (``None`` for a whole GPU,
             or when NVML does not give them).
-        unreadable: why the device cannot be read (a one-line reason), or ``None``.
+        unreadable: why the device cannot be read, or ``None``.
     """
 
     handle: Any
@@ -193,7 +196,7 @@ class _CachedDevice:
     mig_enabled: bool = False
     gpu_instance_id: Optional[int] = None
     compute_instance_id: Optional[int] = None
-    unreadable: Optional[str] = None
+    unreadable: Optional[Problem] = None
 
 
 class _Nvml:
@@ -214,7 +217,7 @@ class _Nvml:
     def _reset(self) -> None:
         """Forget everything the initialisation found (the state before the first reading)."""
         self._mod: Any = None
-        self._reason: Optional[str] = None
+        self._reason: Optional[Note] = None
         self._handles: list[_CachedDevice] = []
         self._static: dict[int, tuple[str, Optional[str]]] = {}
         self._driver: Optional[str] = None
@@ -231,7 +234,7 @@ class _Nvml:
             self._init_steps(inited)
         except Exception as e:  # defensive: a step that should not raise did; not tried again
             self._undo(inited)
-            self._reason = f"NVML unavailable: {type(e).__name__}: {e}"
+            self._reason = Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.ERROR, f"{type(e).__name__}: {e}"))
         except BaseException:
             # an interrupt: undo what was done, so that the next reading tries again
             self._undo(inited)
@@ -257,12 +260,12 @@ class _Nvml:
             try:
                 import pynvml
             except Exception as e:  # pragma: no cover - nvidia-ml-py is a dependency
-                self._reason = f"NVML unavailable: the pynvml module cannot be imported ({e})"
+                self._reason = Note(NoteCode.NVML_UNAVAILABLE, problem=Problem(Reason.NO_MODULE, str(e)))
                 return
         try:
             pynvml.nvmlInit()
         except Exception as e:
-            self._reason = f"NVML unavailable: {_nvml_error_text(pynvml, e)}"
+            self._reason = Note(NoteCode.NVML_UNAVAILABLE, problem=_nvml_problem(pynvml, e))
             return
         inited.append(pynvml)
         driver: Optional[str]
@@ -275,7 +278,7 @@ class _Nvml:
             count = pynvml.nvmlDeviceGetCount()
         except Exception as e:
             self._undo(inited)
-            self._reason = f"NVML unavailable: {_nvml_error_text(pynvml, e)}"
+            self._reason = Note(NoteCode.NVML_UNAVAILABLE, problem=_nvml_problem(pynvml, e))
             self._driver = driver
             return
         handles: list[_CachedDevice] = []
@@ -284,7 +287,7 @@ class _Nvml:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
             except Exception as e:
                 # keep its place: a GPU that cannot be opened must not shift the ones after it
-                handles.append(_CachedDevice(handle=None, index=i, unreadable=_nvml_error_text(pynvml, e)))
+                handles.append(_CachedDevice(handle=None, index=i, unreadable=_nvml_problem(pynvml, e)))
                 continue
             idx = i
             try:
@@ -300,7 +303,7 @@ class _Nvml:
             try:
                 parent_uuid: Optional[str] = _text(pynvml.nvmlDeviceGetUUID(h))
             except Exception as e:
-                handles.append(_CachedDevice(handle=h, index=idx, unreadable=_nvml_error_text(pynvml, e)))
+                handles.append(_CachedDevice(handle=h, index=idx, unreadable=_nvml_problem(pynvml, e)))
                 continue
             handles.append(_CachedDevice(handle=h, index=idx, mig_enabled=mig_on))
             if mig_on:
@@ -324,7 +327,7 @@ class _Nvml:
         # every step done: publish the results together
         self._mod, self._driver, self._handles = pynvml, driver, handles
         if not handles:
-            self._reason = "NVML found no NVIDIA GPU"
+            self._reason = Note(NoteCode.NVML_NO_GPU)
 
     def read(self, children: frozenset[int] = frozenset()) -> NvmlReading:
         with self._lock:
@@ -342,15 +345,14 @@ class _Nvml:
                         devices.append(self._read_one(pynvml, dev, pid, children))
                         continue
                     except Exception as e:
-                        why = _nvml_error_text(pynvml, e)
+                        why = _nvml_problem(pynvml, e)
                 name, uuid = self._static.get(id(dev.handle), ("?", None)) if dev.handle is not None else ("?", None)
-                where = f"NVML device {dev.index}" + (f" (MIG slot {dev.mig_index})" if dev.mig_index is not None
-                                                      else "")
+                where = f"nvml:{dev.index}" + (f".{dev.mig_index}" if dev.mig_index is not None else "")
                 devices.append(NvmlDevice(
                     index=dev.index, mig_index=dev.mig_index, name=name, uuid=uuid,
                     parent_uuid=dev.parent_uuid, mig_enabled=dev.mig_enabled, total=None, used=None, free=None,
                     reserved=None, utilization=None, process_used=None, other_processes_used=None, pid_listed=False,
-                    note=f"{where} cannot be read: {why}; it is left out of the figures",
+                    note=Note(NoteCode.NVML_DEVICE_UNREADABLE, device=where, problem=why), unreadable=why,
                     gpu_instance_id=dev.gpu_instance_id, compute_instance_id=dev.compute_instance_id,
                     unattributed_used=None, readable=False, children_used=None))
             return NvmlReading(devices=tuple(devices), driver_version=self._driver)
@@ -421,7 +423,7 @@ class _Nvml:
             host = read_host()
             total, free, used = host.total, host.available, host.used
             unified = True
-            note = f"{name}: NVML reports no separate memory (unified memory); showing host memory instead"
+            note = Note(NoteCode.UNIFIED_MEMORY, device=name)
         util = None
         try:
             util = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
@@ -483,17 +485,17 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _nvml_error_text(pynvml: Any, e: Exception) -> str:
+def _nvml_problem(pynvml: Any, e: Exception) -> Problem:
+    """What an NVML error means: a :class:`~vramlab.facts.Reason` for the errors a user can act
+    on, else the library's own message."""
     value = getattr(e, "value", None)
-    if value == getattr(pynvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None):
-        return "no NVML library (no NVIDIA driver installed)"
-    if value == getattr(pynvml, "NVML_ERROR_DRIVER_NOT_LOADED", None):
-        return "the NVIDIA driver is not loaded"
-    if value == getattr(pynvml, "NVML_ERROR_NO_PERMISSION", None):
-        return "no permission to talk to the NVIDIA driver"
-    if value == getattr(pynvml, "NVML_ERROR_GPU_IS_LOST", None):
-        return "the GPU is lost (it fell off the bus or needs a reset)"
-    return str(e) or type(e).__name__
+    for name, reason in (("NVML_ERROR_LIBRARY_NOT_FOUND", Reason.NO_LIBRARY),
+                         ("NVML_ERROR_DRIVER_NOT_LOADED", Reason.DRIVER_NOT_LOADED),
+                         ("NVML_ERROR_NO_PERMISSION", Reason.NO_PERMISSION),
+                         ("NVML_ERROR_GPU_IS_LOST", Reason.GPU_LOST)):
+        if value is not None and value == getattr(pynvml, name, None):
+            return Problem(reason)
+    return Problem(Reason.ERROR, str(e) or type(e).__name__)
 
 
 _NVML = _Nvml()
@@ -509,4 +511,4 @@ def read_nvml(children: Collection[int] = ()) -> NvmlReading:
     try:
         return _NVML.read(frozenset(children))
     except Exception as e:  # defensive: a probe never raises
-        return NvmlReading(reason=f"NVML read failed: {type(e).__name__}: {e}")
+        return NvmlReading(reason=Note(NoteCode.NVML_READ_FAILED, detail=f"{type(e).__name__}: {e}"))

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..facts import Note, NoteCode
+
 __all__ = ["TorchDevice", "read_torch", "torch_imported", "reset_peaks"]
 
 
@@ -110,7 +112,7 @@ def _stats_device(mod: Any, kind: str, i: int, runtime_calls: bool = True) -> To
     )
 
 
-def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[list[TorchDevice], list[str]]:
+def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[list[TorchDevice], list[Note]]:
     """Read every initialised torch device. Returns (devices, notes). Never raises.
 
     Args:
@@ -124,12 +126,12 @@ def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[
     """
     if not import_torch and "torch" not in sys.modules:
         return [], []
-    notes: list[str] = []
+    notes: list[Note] = []
     out: list[TorchDevice] = []
     try:
         import torch
     except Exception as e:
-        return [], [f"torch cannot be imported: {type(e).__name__}: {e}"]
+        return [], [Note(NoteCode.TORCH_UNIMPORTABLE, detail=f"{type(e).__name__}: {e}")]
     if not hasattr(torch, "cuda"):  # torch is half-imported (we are inside its import)
         return [], []
     for kind in ("cuda", "xpu"):
@@ -146,7 +148,7 @@ def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[
             try:
                 out.append(_stats_device(mod, kind, i, runtime_calls))
             except Exception as e:
-                notes.append(f"torch {kind}:{i} stats unavailable: {type(e).__name__}: {e}")
+                notes.append(Note(NoteCode.TORCH_STATS_UNAVAILABLE, device=f"{kind}:{i}", detail=f"{type(e).__name__}: {e}"))
     mps = getattr(torch, "mps", None)
     backends_mps = getattr(getattr(torch, "backends", None), "mps", None)
     try:
@@ -166,7 +168,7 @@ def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[
                 num_ooms=None, num_alloc_retries=None, mem_free=None, mem_total=total,
             ))
         except Exception as e:
-            notes.append(f"torch mps stats unavailable: {type(e).__name__}: {e}")
+            notes.append(Note(NoteCode.TORCH_STATS_UNAVAILABLE, device="mps", detail=f"{type(e).__name__}: {e}"))
     return out, notes
 
 

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Optional
 
+from ..facts import MarkerKind, Stop, StopReason
 from ..model import DeviceSample, Marker, Sample
 from ..units import MIN_INTERVAL, check_interval
 
@@ -75,7 +76,7 @@ class Sampler:
         self.latest: Any = None  # the latest full Snapshot
         self.errors = 0
         self.last_error: Optional[str] = None
-        self.stopped_reason: Optional[str] = None
+        self.stopped_reason: Optional[Stop] = None
         self._listeners: list[Callable[[Any, "Sampler"], None]] = []
         self.cpu_seconds = 0.0  # CPU time the sampler thread itself used
 
@@ -108,14 +109,15 @@ class Sampler:
             if self._thread is t and not stop.is_set():  # not stopped or restarted meanwhile
                 t.start()
 
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop sampling and wait for the thread to end (idempotent); the join is outside the lock."""
+    def stop(self, reason: StopReason = StopReason.STOPPED) -> None:
+        """Stop sampling and wait for the thread to end (idempotent); the join is outside the lock.
+        ``reason`` is kept in :attr:`stopped_reason` unless the thread already stopped itself."""
         with self._lock:
             t = self._thread
             self._stop.set()
             self._thread = None
             if self.stopped_reason is None:
-                self.stopped_reason = reason
+                self.stopped_reason = Stop(reason)
         if t is not None and t is not threading.current_thread() and t.is_alive():
             t.join(timeout=5)
 
@@ -138,9 +140,10 @@ class Sampler:
             if fn in self._listeners:
                 self._listeners.remove(fn)
 
-    def mark(self, kind: str, label: str, when: Optional[float] = None) -> None:
-        """Add a timeline marker (cheap; works whether or not the thread runs)."""
-        self.markers.append(Marker(time.time() if when is None else when, kind, label))
+    def mark(self, kind: MarkerKind, execution_count: Optional[int] = None, when: Optional[float] = None) -> None:
+        """Add a timeline marker for the cell ``execution_count`` (cheap; works whether or not the
+        thread runs); ``when`` in seconds since the epoch, now by default."""
+        self.markers.append(Marker(time.time() if when is None else when, kind, execution_count))
 
     def sample_now(self, read: Optional[Callable[[], Any]] = None) -> Any:
         """Take one sample on the calling thread and return the Snapshot; ``read`` replaces
@@ -168,7 +171,7 @@ class Sampler:
                     self._record("sampling", e)
                     consecutive += 1
                     if consecutive >= MAX_CONSECUTIVE_ERRORS:
-                        self.stopped_reason = f"stopped after {consecutive} failed readings: {self.last_error}"
+                        self.stopped_reason = Stop(StopReason.FAILED_READINGS, consecutive, self.last_error or "")
                         break
                     snap = None
                 if snap is not None:
@@ -209,7 +212,7 @@ def get_sampler() -> Sampler:
     with _SAMPLER_LOCK:
         if _SAMPLER is None:
             _SAMPLER = Sampler()
-            atexit.register(_SAMPLER.stop, "interpreter exit")
+            atexit.register(_SAMPLER.stop)
         return _SAMPLER
 
 

@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from ..display.words import note_text
+from ..facts import Note
 from ..probes.host import ProcessTreeReading, read_host, read_process_tree
 from ..probes.nvml import NvmlDevice, NvmlReading, pid_visible, read_nvml
 from ..units import format_bytes
@@ -84,7 +86,7 @@ def _devices(devices: Sequence[NvmlDevice]) -> list[dict[str, Any]]:
     return [{
         "index": d.index, "mig_index": d.mig_index, "label": _device_label(d), "name": d.name, "uuid": d.uuid,
         "total": d.total, "used": d.used, "free": d.free, "readable": d.readable,
-        "process_list": d.process_list is not None, "note": d.note,
+        "process_list": d.process_list is not None, "note": note_text(d.note) if d.note is not None else None,
     } for d in devices]
 
 
@@ -119,8 +121,9 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
     ``gpu[i]`` is ``None`` when device ``i`` gives no process list or no figure for one of
     the kernel's processes.
     """
-    notes: list[str] = []
-    host = read_host(notes=notes, children=False)  # the server's children are the kernels, read below
+    host_notes: list[Note] = []
+    host = read_host(notes=host_notes, children=False)
+    notes = [note_text(n) for n in host_notes]  # the server's children are the kernels, read below
     trees: dict[str, Optional[ProcessTreeReading]] = {}
     for k in kernels:
         trees[k.id] = read_process_tree(k.pid, uss=uss) if k.pid is not None else None
@@ -184,9 +187,9 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
         "version": SCHEMA_VERSION, "time": _now(), "uss": uss,
         "host": {"total": host.total, "used": host.used, "available": host.available, "limit": host.limit,
                  "limit_source": host.limit_source, "swap_total": host.swap_total, "swap_used": host.swap_used},
-        "gpu": {"available": bool(devices), "reason": nv.reason, "driver": nv.driver_version,
+        "gpu": {"available": bool(devices), "reason": note_text(nv.reason) if nv.reason is not None else None, "driver": nv.driver_version,
                 "devices": _devices(devices)},
-        "kernels": rows, "others": others, "unattributed": unattributed, "notes": notes + list(nv.notes),
+        "kernels": rows, "others": others, "unattributed": unattributed, "notes": notes,
     }
 
 
