@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Optional
 
-__all__ = ["MarkerKind", "Note", "NoteCode", "Problem", "Reason", "Stop", "StopReason"]
+__all__ = ["Advice", "AdviceKind", "Category", "Method", "MarkerKind", "Note", "NoteCode", "Problem", "Reason", "Stop", "StopReason"]
 
 
 class Reason(StrEnum):
@@ -123,3 +123,62 @@ class MarkerKind(StrEnum):
 
     CELL = "cell"  #: a cell started
     OOM = "oom"  #: a cell ran out of memory
+
+
+class AdviceKind(StrEnum):
+    """One remedy the out-of-memory explainer advises, most specific first."""
+
+    BATCH_TWO_RUNS = "batch-two-runs"  #: ``batch`` -> ``to`` fits: the cell ran at ``to`` (peak ``peak``)
+    BATCH_THIS_CELL = "batch-this-cell"  #: ``batch`` -> at most ``upper``, from the failed cell alone
+    BATCH_HALVING = "batch-halving"  #: ``batch`` -> ``to`` (half), unchecked: the cell was not measured
+    SHRINK_REQUEST = "shrink-request"  #: hold at most ``share`` of the failed request at once
+    FRAGMENTED = "fragmented"  #: ``cached`` bytes cached but fragmented: expandable segments
+    MIXED_PRECISION = "mixed-precision"
+    CHECKPOINTING = "checkpointing"
+    OFFLOAD = "offload"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A remedy as data: its kind and the figures it names (sizes in bytes; ``share`` a fraction).
+
+    Attributes:
+        kind: which remedy.
+        batch: the batch the cell failed at.
+        to: the batch advised (one that ran, for ``BATCH_TWO_RUNS``; half, for ``BATCH_HALVING``).
+        upper: an upper bound of the largest batch that fits.
+        peak: the peak of the run at ``to``, in bytes.
+        need: what the failed cell wanted at least, in bytes.
+        budget: what was available to it, in bytes.
+        cached: the fragmented cache, in bytes.
+        share: the fraction of the failed request that fits in free memory.
+    """
+
+    kind: AdviceKind
+    batch: Optional[int] = None
+    to: Optional[int] = None
+    upper: Optional[int] = None
+    peak: Optional[int] = None
+    need: Optional[int] = None
+    budget: Optional[int] = None
+    cached: Optional[int] = None
+    share: Optional[float] = None
+
+
+class Method(StrEnum):
+    """How a step's memory was found (:attr:`vramlab.sim.estimate.Estimate.method`)."""
+
+    ESTIMATED = "estimated"  #: run on fake tensors (torch's FakeTensorMode)
+    ESTIMATED_RANKS = "estimated-ranks"  #: on fake tensors, with a fake process group per rank
+    MEASURED = "measured"  #: really run in a VirtualGPU
+
+
+class Category(StrEnum):
+    """What a byte of a step is (the simulator's books, :attr:`Estimate.breakdown`)."""
+
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"  #: saved for backward
+    OTHER = "other"  #: temporaries, workspaces, what no other category owns

@@ -23,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
-from .facts import MarkerKind, Note, Problem
+from .facts import Advice, MarkerKind, Note, Problem
 from .files import write_atomically
 
 __all__ = [
@@ -569,7 +569,7 @@ class OOMExplanation:
     torch_allocated: Optional[int]
     shortfall: Optional[int]
     consumers: tuple[Consumer, ...]
-    suggestions: tuple[str, ...]
+    suggestions: tuple[Advice, ...]
     batch_size: Optional[int] = None
     fitting_batch_size: Optional[int] = None
     fragmentation_is_cause: bool = False

@@ -2,6 +2,8 @@ import sys
 
 import pytest
 
+from vramlab.display.words import advice_text
+from vramlab.facts import Advice, AdviceKind
 from vramlab.runtime.oom import drop_traceback, explain_oom, free_last_error, is_oom, parse_oom_message
 
 GiB, MiB = 2**30, 2**20
@@ -38,7 +40,8 @@ def test_fragmentation_first_when_cache_could_hold_the_request():
     ex = explain_oom(torch.OutOfMemoryError(CUDA_MSG.replace("1.75 GiB is reserved", "2.50 GiB is reserved")))
     assert ex.shortfall == 512 * MiB  # 2 GiB asked, 1.5 GiB free: the cache is not usable
     assert ex.fragmentation_is_cause  # 1.5 GiB free + 2.5 GiB cached would hold it
-    assert "expandable_segments" in ex.suggestions[0]
+    assert ex.suggestions[0].kind is AdviceKind.FRAGMENTED and ex.suggestions[0].cached == int(2.5 * GiB)
+    assert "empty_cache() does not help" in advice_text(ex.suggestions[0])  # it cannot: the lesson says so too
     assert "not usable for this request" in ex.text() and "fragmentation is the cause" in ex.text()
 
 
@@ -48,7 +51,7 @@ def test_fragmentation_is_not_the_cause_when_free_and_cache_fall_short():
     msg = CUDA_MSG.replace("1.75 GiB is reserved", "256.00 MiB is reserved")
     ex = explain_oom(torch.OutOfMemoryError(msg))
     assert not ex.fragmentation_is_cause and ex.shortfall == 512 * MiB
-    assert not any("expandable_segments" in s for s in ex.suggestions)
+    assert AdviceKind.FRAGMENTED not in [a.kind for a in ex.suggestions]
 
 
 def _record(peak_delta: int, held: int | None = None, error: str | None = "OutOfMemoryError", key: str | None = None,
@@ -74,7 +77,9 @@ def test_batch_size_suggestion_uses_the_cells_measured_growth():
     # wanted >= 2 GiB + 2 GiB (the request); 2 GiB + 1.5 GiB free (the fragmented cache is not usable): 64 * 3.5 / 4
     assert ex.batch_size == 64 and ex.batch_upper_bound == 56 and ex.batch_basis == "this cell"
     assert ex.fitting_batch_size is None, "no batch is known to fit from a failed run alone"
-    assert "batch size 64 -> at most 56, an upper bound from this cell alone" in ex.suggestions[1]
+    assert ex.suggestions[1] == Advice(AdviceKind.BATCH_THIS_CELL, batch=64, upper=56, need=4 * GiB,
+                                       budget=int(3.5 * GiB))
+    assert "batch size 64 -> at most 56, an upper bound from this cell alone" in advice_text(ex.suggestions[1])
     assert "%vram free" in ex.text()
 
 
@@ -85,8 +90,9 @@ def test_without_the_cells_record_only_halving_is_advised():
     msg = CUDA_MSG.replace("1.50 GiB is free", "256.00 MiB is free").replace("1.75 GiB is reserved", "0 bytes is reserved")
     ex = explain_oom(torch.OutOfMemoryError(msg), {"bs": 64})
     assert ex.batch_size == 64 and ex.fitting_batch_size is None and ex.batch_basis == "halving"
-    assert ex.suggestions[0].startswith("batch size 64 -> try 32") and "only halving" in ex.suggestions[0]
-    assert "not checked" in ex.suggestions[0]
+    assert ex.suggestions[0] == Advice(AdviceKind.BATCH_HALVING, batch=64, to=32)
+    text = advice_text(ex.suggestions[0])
+    assert text.startswith("batch size 64 -> try 32") and "only halving" in text and "not checked" in text
 
 
 def test_the_upper_bound_holds_for_a_step_with_a_fixed_part():
@@ -146,8 +152,10 @@ def test_two_runs_suggest_a_batch_that_fits_for_steps_with_a_fixed_part(fixed_op
     assert ex.fitting_batch_size is not None and ex.batch_upper_bound is not None
     assert ex.fitting_batch_size == seen <= limit <= ex.batch_upper_bound < bs, "the batch advised is the one that ran"
     assert ex.batch_estimate is not None and seen <= ex.batch_estimate <= ex.batch_upper_bound
-    assert ex.suggestions[0].startswith(f"batch size {bs} -> {seen} fits: this cell ran at batch {seen}")
-    assert f"at most {ex.batch_upper_bound}" in ex.suggestions[0]
+    advice = ex.suggestions[0]
+    assert advice.kind is AdviceKind.BATCH_TWO_RUNS and (advice.batch, advice.to, advice.upper) == \
+        (bs, seen, ex.batch_upper_bound)
+    assert advice_text(advice).startswith(f"batch size {bs} -> {seen} fits: this cell ran at batch {seen}")
 
 
 def test_runs_of_another_cell_or_that_failed_are_not_used():
@@ -161,7 +169,7 @@ def test_runs_of_another_cell_or_that_failed_are_not_used():
                   _record(60 * MiB, held=0, error=None, key="this", batch=8192),  # a larger batch
                   _record(60 * MiB, held=0, error=None, key=None, batch=512)):  # not identified
         ex = explain_oom(torch.OutOfMemoryError(msg), {"batch_size": 4096}, failed, history=[other, failed])
-        assert ex.batch_basis == "this cell" and "an upper bound from this cell alone" in ex.suggestions[0]
+        assert ex.batch_basis == "this cell" and ex.suggestions[0].kind is AdviceKind.BATCH_THIS_CELL
 
 
 def test_no_batch_is_derived_when_the_device_has_less_room_than_the_run_that_fitted():

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
+from vramlab.facts import Method  # noqa: E402
 from vramlab.lessons import models  # noqa: E402
 from vramlab.sim.estimate import Estimate, estimate  # noqa: E402
 from vramlab.sim.measure import measure  # noqa: E402
@@ -57,7 +58,7 @@ def test_estimate_equals_the_virtual_gpu_measured_peak_within_1_percent(name, op
     assert list(est.breakdown) == list(CATEGORIES)
     for k in CATEGORIES:
         assert abs(est.breakdown[k] - real.breakdown[k]) <= 0.01 * real.peak, k
-    assert est.method.startswith("estimated") and real.method.startswith("measured")
+    assert est.method is Method.ESTIMATED and real.method is Method.MEASURED
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -199,7 +200,7 @@ def _made_up(**over) -> Estimate:
                                            "activations": GiB // 4, "other": 5},
                   fits=True, device="T4", capacity=16 * GiB, budget=15 * GiB, after=GiB, parameters=1234567,
                   batch_size=8, step="train", steps=2, dtype="bf16", round_blocks=True,
-                  method="estimated (FakeTensorMode)", seconds=1.234, notes=("a note",))
+                  method=Method.ESTIMATED, seconds=1.234, notes=("a note",))
     fields.update(over)
     return Estimate(**fields)
 
@@ -207,7 +208,7 @@ def _made_up(**over) -> Estimate:
 def test_the_report_speaks_english_or_portuguese(speak):
     fits = _made_up(model_states={"parameters": 10, "gradients": 20, "optimizer_state": 30}, checkpoint=3,
                     peak_reserved=4 * 2**30)
-    short = _made_up(fits=False, peak=20 * 2**30, method="measured (VirtualGPU)", step="inference",
+    short = _made_up(fits=False, peak=20 * 2**30, method=Method.MEASURED, step="inference",
                      strategy="zero1", world_size=4, rank=2)
     speak("en")
     en = fits.text() + "\n" + short.text()

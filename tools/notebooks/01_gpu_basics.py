@@ -150,7 +150,8 @@ with dev.measure() as m:
     train_step(advised)
 print(tr("batch {b:,}, as advised: peak {peak}, it fits", b=advised, peak=format_bytes(m.peak)))
 assert explanation.fitting_batch_size is None  # nothing derived without a record of the step...
-assert f"{oom[0]} -> " in explanation.suggestions[0] and str(advised) in explanation.suggestions[0]  # ...halve
+first = explanation.suggestions[0]  # the advice as data: its kind and its figures
+assert (first.kind, first.batch, first.to) == ("batch-halving", oom[0], advised)  # ...halve
 
 # %%
 batches = [r[0] for r in results]

@@ -10,7 +10,7 @@ import datetime as _dt
 from typing import Any, Optional
 
 from ..i18n import tr
-from .words import note_text, problem_text
+from .words import advice_text, note_text, problem_text
 from ..model import (DEVICE_LAYERS, HOST_LAYERS, CellRecord, DeviceSnapshot, FreedReport, History, HostDelta,
                      HostSnapshot, OOMExplanation, Snapshot)
 from ..units import IntervalError, format_bytes
@@ -299,7 +299,7 @@ def oom_text(e: OOMExplanation) -> str:
         lines.extend(_consumer_lines(e.consumers))
     if e.suggestions:
         lines.append("  " + tr("what to try, most effective first:"))
-        lines.extend(f"    {i}. {s}" for i, s in enumerate(e.suggestions, 1))
+        lines.extend(f"    {i}. {advice_text(s)}" for i, s in enumerate(e.suggestions, 1))
     lines.append("  " + tr("then run %vram free to release what the traceback keeps alive"))
     return "\n".join(lines)
 

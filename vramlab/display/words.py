@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..facts import MarkerKind, Note, NoteCode, Problem, Reason, Stop, StopReason
+from ..facts import Advice, AdviceKind, MarkerKind, Note, NoteCode, Problem, Reason, Stop, StopReason
 from ..i18n import N_, tr
+from ..units import format_bytes
 
-__all__ = ["NOTE_TEMPLATES", "REASON_TEXTS", "marker_text", "note_dict", "note_text", "problem_text", "stop_text"]
+__all__ = ["ADVICE_TEMPLATES", "NOTE_TEMPLATES", "advice_text", "REASON_TEXTS", "marker_text", "note_dict", "note_text", "problem_text", "stop_text"]
 
 #: Each note's English template; the fields are :class:`vramlab.facts.Note`'s (``why`` is its
 #: problem in words).
@@ -103,3 +104,45 @@ def marker_text(kind: MarkerKind, execution_count: Any) -> str:
     if kind is MarkerKind.OOM:
         return tr("OOM in [{n}]", n=n)
     return f"[{n}]"
+
+
+#: Each remedy's English template; the fields are :class:`vramlab.facts.Advice`'s, sizes in words.
+ADVICE_TEMPLATES: dict[AdviceKind, str] = {
+    AdviceKind.BATCH_TWO_RUNS: N_(
+        "batch size {bs} -> {seen} fits: this cell ran at batch {seen} (peak {peak}); the largest batch that "
+        "fits is at most {upper}: at {bs} it needed at least {need}, and {budget} was available to it. A batch "
+        "between them is not advised, because vramlab cannot check it without running the step: the caching "
+        "allocator's rounding and fragmentation do not grow in proportion to the batch. "
+        "vramlab.find_max_batch_size(step, start={seen}) runs each trial on a virtual card and finds the "
+        "largest exactly"),
+    AdviceKind.BATCH_THIS_CELL: N_(
+        "batch size {bs} -> at most {fit}, an upper bound from this cell alone: it wanted at least {need} "
+        "({per} per sample, as if all of it grew with the batch) and {budget} was available to it; what "
+        "does not grow with the batch (weights, optimizer state) makes the true limit lower, so no batch is "
+        "known to fit. Run the cell once at a smaller batch that fits and vramlab names it with a tighter "
+        "bound; vramlab.find_max_batch_size finds the largest exactly"),
+    AdviceKind.BATCH_HALVING: N_(
+        "batch size {bs} -> try {half}, a first guess that vramlab has not checked: it did not measure this "
+        "cell (%vram auto on, or %%vram, does), so only halving can be advised; vramlab.find_max_batch_size "
+        "finds the largest batch that fits"),
+    AdviceKind.SHRINK_REQUEST: N_("shrink what this step holds at once (the batch) to at most {pct}% of the failed "
+                                  "request's size"),
+    AdviceKind.FRAGMENTED: N_("{cached} is cached but fragmented: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                              "before torch starts (torch.cuda.empty_cache() does not help: the allocator already "
+                              "frees its cache and retries before it raises)"),
+    AdviceKind.MIXED_PRECISION: N_("mixed precision (torch.autocast with bf16/fp16) halves activation bytes"),
+    AdviceKind.CHECKPOINTING: N_("gradient checkpointing (torch.utils.checkpoint) trades recompute for activations"),
+    AdviceKind.OFFLOAD: N_("offload activations (torch.autograd.graph.save_on_cpu) or optimizer state to host RAM"),
+}
+
+
+def _size(n: Any) -> str:
+    return format_bytes(n) if n is not None else "?"
+
+
+def advice_text(a: Advice) -> str:
+    """A remedy in the current language, with its figures (sizes in IEC units)."""
+    per = _size(a.need / a.batch) if a.need is not None and a.batch else "?"
+    return tr(ADVICE_TEMPLATES[a.kind], bs=a.batch, seen=a.to, half=a.to, fit=a.upper, upper=a.upper,
+              peak=_size(a.peak), need=_size(a.need), per=per, budget=_size(a.budget), cached=_size(a.cached),
+              pct=f"{100.0 * a.share:.0f}" if a.share is not None else "?")

@@ -18,10 +18,11 @@ import re
 import sys
 from typing import Any, Iterable, NamedTuple, Optional
 
+from ..facts import Advice, AdviceKind
 from ..i18n import tr
 from ..model import CellRecord, Consumer, FreedDevice, FreedReport, OOMExplanation
 from ..reconcile import empty_provider_caches, snapshot
-from ..units import format_bytes, parse_size
+from ..units import parse_size
 from .cells import batch_size_in
 from .holders import holders, release
 
@@ -290,7 +291,7 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
         bs = record.batch_size
     fit_bs = upper = seen = estimate = None
     basis = None
-    suggestions: list[str] = []
+    suggestions: list[Advice] = []
     failed = (_failed_run(record, f, requested, free)
               if record is not None and requested is not None and free is not None else None)
     two: Optional[_TwoRuns] = None
@@ -313,14 +314,8 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
         # allocator reserves around them (block rounding, segments, fragmentation are not in
         # proportion to the batch), and vramlab cannot rerun the cell to check a batch between.
         fit_bs, upper, seen, estimate, basis = two.seen, two.upper, two.seen, two.line, "two runs"
-        suggestions.append(tr(
-            "batch size {bs} -> {seen} fits: this cell ran at batch {seen} (peak {peak}); the largest batch that "
-            "fits is at most {upper}: at {bs} it needed at least {need}, and {budget} was available to it. A batch "
-            "between them is not advised, because vramlab cannot check it without running the step: the caching "
-            "allocator's rounding and fragmentation do not grow in proportion to the batch. "
-            "vramlab.find_max_batch_size(step, start={seen}) runs each trial on a virtual card and finds the "
-            "largest exactly", bs=bs, seen=seen, peak=format_bytes(two.peak), need=format_bytes(failed.need),
-            budget=format_bytes(failed.budget_lo), upper=upper))
+        suggestions.append(Advice(AdviceKind.BATCH_TWO_RUNS, batch=bs, to=seen, upper=upper, peak=two.peak,
+                                  need=failed.need, budget=failed.budget_lo))
     elif bs is not None and failed is not None:
         # the cell's own growth is known: it wanted at least ``need`` and had at most ``budget_hi``.
         # If memory grew in proportion to the batch, bs * budget / need would be the limit; whatever
@@ -328,34 +323,21 @@ def explain_oom(exc: BaseException, user_ns: Optional[dict[str, Any]] = None,
         # batch is known to fit.
         upper = min(max(int(bs * failed.budget_hi // failed.need), 0), bs - 1)
         basis = "this cell"
-        suggestions.append(tr(
-            "batch size {bs} -> at most {fit}, an upper bound from this cell alone: it wanted at least {need} "
-            "({per} per sample, as if all of it grew with the batch) and {budget} was available to it; what "
-            "does not grow with the batch (weights, optimizer state) makes the true limit lower, so no batch is "
-            "known to fit. Run the cell once at a smaller batch that fits and vramlab names it with a tighter "
-            "bound; vramlab.find_max_batch_size finds the largest exactly", bs=bs, fit=upper,
-            need=format_bytes(failed.need), per=format_bytes(failed.need / bs), budget=format_bytes(failed.budget_hi)))
+        suggestions.append(Advice(AdviceKind.BATCH_THIS_CELL, batch=bs, upper=upper, need=failed.need,
+                                  budget=failed.budget_hi))
     elif bs is not None and bs > 1:
         # without the cell's own measurement, the failed request says nothing about the rest of
         # the step: no batch can be derived, only halving tried
         basis = "halving"
         upper = bs - 1
-        suggestions.append(tr(
-            "batch size {bs} -> try {half}, a first guess that vramlab has not checked: it did not measure this "
-            "cell (%vram auto on, or %%vram, does), so only halving can be advised; vramlab.find_max_batch_size "
-            "finds the largest batch that fits", bs=bs, half=bs // 2))
+        suggestions.append(Advice(AdviceKind.BATCH_HALVING, batch=bs, to=bs // 2))
     elif requested is not None and free is not None and requested > 0:
-        suggestions.append(tr("shrink what this step holds at once (the batch) to at most {pct}% of the failed "
-                              "request's size", pct=f"{100.0 * free / requested:.0f}"))
+        suggestions.append(Advice(AdviceKind.SHRINK_REQUEST, share=free / requested))
     if frag and requested and (frag_cause or frag >= 0.5 * requested):
         # when free memory and the cache together could hold the request, fragmentation is the cause
         at = 0 if frag_cause else len(suggestions)
-        suggestions.insert(at, tr("{cached} is cached but fragmented: set "
-                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts, "
-                                  "or call torch.cuda.empty_cache() between phases", cached=format_bytes(frag)))
-    suggestions.append(tr("mixed precision (torch.autocast with bf16/fp16) halves activation bytes"))
-    suggestions.append(tr("gradient checkpointing (torch.utils.checkpoint) trades recompute for activations"))
-    suggestions.append(tr("offload activations (torch.autograd.graph.save_on_cpu) or optimizer state to host RAM"))
+        suggestions.insert(at, Advice(AdviceKind.FRAGMENTED, cached=frag))
+    suggestions.extend(Advice(k) for k in (AdviceKind.MIXED_PRECISION, AdviceKind.CHECKPOINTING, AdviceKind.OFFLOAD))
     return OOMExplanation(message=msg, requested=requested, total=f["total"], free=free, reserved_unallocated=frag,
                           torch_allocated=f["torch_allocated"], shortfall=shortfall, consumers=consumers,
                           fragmentation_is_cause=frag_cause,

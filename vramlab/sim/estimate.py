@@ -54,6 +54,7 @@ from ..i18n import tr  # noqa: E402
 from ..units import format_bytes, looks_like_size, parse_size  # noqa: E402
 from .allocator import AllocConf, CachingAllocator  # noqa: E402
 from .kernels import CudaKernels  # noqa: E402
+from ..facts import Method  # noqa: E402
 from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storage_resize  # noqa: E402
 from .precision import LossScaler, MasterWeights, Precision, resolve_precision  # noqa: E402
 from .presets import CONTEXT_FIGURES, get_preset  # noqa: E402
@@ -79,12 +80,11 @@ def _labels() -> dict[str, str]:
             "other": tr("other / temporaries")}
 
 
-def _method(method: str) -> str:
-    """An :attr:`Estimate.method` in the current language (an unknown one as it is)."""
-    known = {"estimated (FakeTensorMode)": tr("estimated (FakeTensorMode)"),
-             "estimated (FakeTensorMode, fake process group)": tr("estimated (FakeTensorMode, fake process group)"),
-             "measured (VirtualGPU)": tr("measured (VirtualGPU)")}
-    return known.get(method, method)
+def _method(method: Method) -> str:
+    """An :attr:`Estimate.method` in the current language."""
+    return {Method.ESTIMATED: tr("estimated (FakeTensorMode)"),
+            Method.ESTIMATED_RANKS: tr("estimated (FakeTensorMode, fake process group)"),
+            Method.MEASURED: tr("measured (VirtualGPU)")}[Method(method)]
 
 
 def _step(step: str) -> str:
@@ -106,7 +106,8 @@ class Estimate:
         budget: what tensors may use on it: capacity minus the modelled CUDA context.
         after: bytes still allocated after the step (parameters, optimizer state, ...).
         parameters: the number of parameter elements (shared ones once).
-        method: ``"estimated (FakeTensorMode)"`` or ``"measured (VirtualGPU)"``.
+        method: how it was found (:class:`vramlab.facts.Method`: estimated on fake tensors, on
+            fake ranks, or measured in a VirtualGPU).
         seconds: how long it took.
         world_size: the data-parallel ranks (1 without a strategy).
         strategy: ``"ddp"``, ``"zero1"``, ``"zero2"`` (modelled), ``"fsdp"``, or ``None``.
@@ -146,7 +147,7 @@ class Estimate:
     steps: int
     dtype: Optional[str]
     round_blocks: bool
-    method: str
+    method: Method
     seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     world_size: int = 1
@@ -353,7 +354,7 @@ def target(device: Any) -> Target:
 
 
 def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, step: str, steps: int,
-                  prec: Precision, method: str, t0: float, notes: list[str], checkpointed: int = 0,
+                  prec: Precision, method: Method, t0: float, notes: list[str], checkpointed: int = 0,
                   parallel: Optional[tuple[int, str, int, dict[int, int]]] = None,
                   limit: Optional[tuple[bool, Optional[str]]] = None, loop: Optional[Loop] = None,
                   paged: int = 0) -> Estimate:
@@ -544,7 +545,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
     limit = _CardLimit(conf, tgt)
     acct, nck, _kept = limit.run(run, before_retry=rebuild)
     return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
-                         prec=prec, method="estimated (FakeTensorMode)", t0=t0, notes=notes, checkpointed=nck,
+                         prec=prec, method=Method.ESTIMATED, t0=t0, notes=notes, checkpointed=nck,
                          limit=limit.verdict, loop=loop, paged=paged_bytes(_kept[1]))
 
 
@@ -723,6 +724,6 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
         notes.append(tr("the figures are rank {rank}'s, the highest peak of {which} ({lowest} to {highest})", rank=r,
                         which=which, lowest=format_bytes(min(peaks.values())), highest=format_bytes(max(peaks.values()))))
     return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,
-                         method="estimated (FakeTensorMode, fake process group)", t0=t0, notes=notes,
+                         method=Method.ESTIMATED_RANKS, t0=t0, notes=notes,
                          checkpointed=ckpt, parallel=(ws, strat.name, r, peaks),
                          limit=limit.verdict, loop=loop, paged=paged_bytes(_opt))

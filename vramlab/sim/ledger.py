@@ -32,6 +32,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
+from ..facts import Category
 from .._extras import require_torch
 
 require_torch("vramlab's simulator")  # one line saying what to install, not a bare ModuleNotFoundError
@@ -45,7 +46,8 @@ __all__ = ["Ledger", "ShardLedger", "LedgerHooks", "CATEGORIES", "CUDA_BLOCK_SIZ
            "counted_storage_resize", "check_category"]
 
 #: Breakdown categories, in display order.
-CATEGORIES: tuple[str, ...] = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "other")
+#: the books' categories, as :class:`vramlab.facts.Category` (a ``str``: ``"activations"`` looks them up)
+CATEGORIES: tuple[str, ...] = tuple(Category)
 
 #: The CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
 #: (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp); ``memory_allocated`` counts

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from ..facts import Method
 from .._extras import require_torch
 
 require_torch("vramlab's simulator")
@@ -151,7 +152,7 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
         run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler, loop)
     bounded = gpu.allocator_kind == "caching" and tgt.capacity is not None
     return make_estimate(gpu.ledger, tgt, n_params=count_params(model), batch_size=batch_size, step=step,
-                         steps=steps, prec=prec, method="measured (VirtualGPU)", t0=t0, notes=[],
+                         steps=steps, prec=prec, method=Method.MEASURED, t0=t0, notes=[],
                          checkpointed=len(ckpt), limit=(True, None) if bounded else None, loop=loop,
                          paged=paged_bytes(opt))
 
