@@ -1,4 +1,4 @@
-"""python -m vramlab.gpu_report: end to end on this machine (every GPU row SKIP), and its
+"""python3 tools/gpu_report.py: end to end on this machine (every GPU row SKIP), and its
 notebook runner on real notebooks with a stand-in for CUDA."""
 
 from __future__ import annotations
@@ -15,14 +15,18 @@ import nbformat
 
 import pytest
 
-from vramlab import gpu_report, selftest
+from tool_modules import load_tool
+
+from vramlab import selftest
+
+gpu_report = load_tool("gpu_report")
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(args, env=None):
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "vramlab.gpu_report", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_report.py"), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=e, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 

@@ -145,6 +145,8 @@ def test_the_wheel_carries_the_prebuilt_lab_extension_and_enables_the_server_ext
     assert built["version"] == source["version"] == __version__, "package.json follows vramlab/_version.py"
     assert "vramlab/server/handlers.py" in names and not any("node_modules" in n for n in names)
     assert not any(n.startswith("vramlab/labextension/") for n in names), "the extension is in the wheel once"
+    # the checkout's QA tools stay in the checkout: the GPU report reads notebooks/ and benchmarks/
+    assert "vramlab/selftest.py" in names and not any(n.endswith("gpu_report.py") for n in names)
 
 
 @pytest.mark.slow

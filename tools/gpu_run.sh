@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu_run.sh
 #
-# It installs the wheels into /tmp/site, runs `python -m vramlab.gpu_report` (self-check,
+# It installs the wheels into /tmp/site, runs `python3 tools/gpu_report.py` (self-check,
 # notebooks on CUDA at their large sizes, the snapshot benchmark's GPU part, the sampler
 # under load and during CUDA graph capture) and leaves in $OUT (or ./gpu-report):
 # report.md (rewritten after every section, so a run that is stopped still brings back what it
@@ -26,7 +26,7 @@ unset MPLBACKEND
 {
     nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,driver_version --format=csv || true
     python3 -c "import torch, IPython, ipykernel, nbclient; print('torch', torch.__version__, 'IPython', IPython.__version__)"
-    timeout -k 10 470 python3 -m vramlab.gpu_report "$out" --notebooks-out /tmp/gpu-report/notebooks
+    timeout -k 10 470 python3 tools/gpu_report.py "$out" --notebooks-out /tmp/gpu-report/notebooks
     echo "gpu_report exit status: $?"
 } 2>&1 | tee "$out/console.txt"
 tar -czf "$out/notebooks.tar.gz" -C /tmp/gpu-report notebooks 2>/dev/null || true

@@ -166,7 +166,7 @@ class Advice:
 
 
 class Method(StrEnum):
-    """How a step's memory was found (:attr:`vramlab.sim.estimate.Estimate.method`)."""
+    """How a step's memory was found (:attr:`Estimate.method <vramlab.sim.estimate.Estimate>`)."""
 
     ESTIMATED = "estimated"  #: run on fake tensors (torch's FakeTensorMode)
     ESTIMATED_RANKS = "estimated-ranks"  #: on fake tensors, with a fake process group per rank

@@ -56,11 +56,13 @@ Verdict = tuple[Optional[bool], str]  # (True PASS / False FAIL / None SKIP, det
 
 @dataclass
 class Check:
-    """One check's outcome: ``status`` is PASS, FAIL or SKIP."""
+    """One check's outcome: ``status`` is PASS, FAIL or SKIP (INFO, for a figure a report only
+    states); ``section`` groups the rows of a longer report (the checkout's GPU report)."""
 
     name: str
     status: str
     detail: str
+    section: str = ""
 
 
 # --------------------------------------------------------------------------- the checks (pure)

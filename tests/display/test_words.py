@@ -97,7 +97,6 @@ REGEX_ALLOWED = {
     "runtime/cells.py": "the source of a user's cell (batch-size literals)",
     "files.py": "the names of its own temporary files, to clean those of dead writers",
     "exposition.py": "Prometheus label names a user passes",
-    "gpu_report.py": "ANSI colour codes in a notebook's traceback",
     "sim/allocator.py": "PYTORCH_CUDA_ALLOC_CONF, as torch's parser reads it",
     "sim/presets.py": "a card's name as a user types it",
 }

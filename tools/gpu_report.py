@@ -1,4 +1,7 @@
-"""``python -m vramlab.gpu_report OUTDIR``: the whole GPU check in one command, as one report.
+"""``python3 tools/gpu_report.py OUTDIR``: the whole GPU check in one command, as one report.
+
+A tool of the checkout, not of the package: it reads the checkout's ``notebooks/`` and
+``benchmarks/``, which a wheel does not carry. Users have :mod:`vramlab.selftest`.
 
 It runs, in one go, and writes ``OUTDIR/report.md`` (a PASS/FAIL table with the figures)
 and the executed notebooks under ``OUTDIR/notebooks/``:
@@ -28,10 +31,9 @@ seconds: CI runs it so. The exit status is 1 when a row FAILs. The whole run is 
 finish in under 8 minutes on one GPU (``--budget`` seconds, 420 by default): a notebook
 that would start past the budget is SKIP, with the reason.
 
-Usage on a GPU machine, from a checkout (the notebooks and benchmarks are read from the
-current folder)::
+Usage on a GPU machine, from a checkout (the notebooks and benchmarks are the checkout's)::
 
-    python -m vramlab.gpu_report gpu-report/
+    python3 tools/gpu_report.py gpu-report/
 """
 
 from __future__ import annotations
@@ -45,14 +47,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from . import selftest
-from ._version import __version__
-from .display.words import note_text
-from .facts import NoteCode
+from vramlab import selftest
+from vramlab.selftest import Check
+from vramlab._version import __version__
+from vramlab.display.words import note_text
+from vramlab.facts import NoteCode
+
+#: the checkout this tool belongs to, and its tools folder (the children import this module from it)
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / "tools"
 
 __all__ = ["Row", "run_report", "main", "sandbox", "monitor_gaps", "TRACE_WORKLOADS"]
 
@@ -63,14 +69,10 @@ _ATTRIBUTION_NOTES = (NoteCode.PIDS_HIDDEN, NoteCode.PIDS_HIDDEN_SELF_UNLISTED, 
                       NoteCode.NO_PROCESS_MEMORY)
 
 
-@dataclass
-class Row:
-    """One line of the report: ``status`` is PASS, FAIL, SKIP or INFO."""
-
-    section: str
-    name: str
-    status: str
-    detail: str
+def Row(section: str, name: str, status: str, detail: str) -> Check:
+    """One line of the report (:class:`vramlab.selftest.Check`, in ``section``): ``status`` is
+    PASS, FAIL, SKIP or INFO."""
+    return Check(name, status, detail, section)
 
 
 def _cuda() -> tuple[Any, Optional[str]]:
@@ -90,8 +92,8 @@ def _cuda() -> tuple[Any, Optional[str]]:
 # --------------------------------------------------------------------------- sections
 
 
-def _environment() -> list[Row]:
-    from .probes.nvml import read_nvml
+def _environment() -> list[Check]:
+    from vramlab.probes.nvml import read_nvml
 
     rows = [Row("machine", "python", "INFO", f"{platform.python_version()} on {platform.machine()}"),
             Row("machine", "vramlab", "INFO", __version__)]
@@ -151,15 +153,15 @@ def sandbox() -> str:
             f"clear_refs {'writable' if clear_refs else 'not writable'}, task children files {'yes' if children else 'no'}")
 
 
-def _attribution(torch: Any, why: Optional[str]) -> list[Row]:
+def _attribution(torch: Any, why: Optional[str]) -> list[Check]:
     """NVML's process list against this process's PID, before and after a 1 GiB tensor: is the
     memory attributed to this process, or shown as unattributed with the note that says why?"""
     name = "NVML process list vs this PID, 1 GiB"
     if torch is None:
         return [Row("attribution", name, "SKIP", why or "no CUDA")]
-    from .probes.nvml import read_nvml
-    from .reconcile import snapshot
-    from .units import format_bytes
+    from vramlab.probes.nvml import read_nvml
+    from vramlab.reconcile import snapshot
+    from vramlab.units import format_bytes
 
     nv0 = read_nvml()
     if nv0.reason is not None or not nv0.devices:
@@ -201,8 +203,8 @@ def _trace_child(index: int, out: str) -> None:
 
     import torch
 
-    from .lessons import models
-    from .sim.measure import measure_cuda
+    from vramlab.lessons import models
+    from vramlab.sim.measure import measure_cuda
 
     name, factory, kw, batch_size, precision = TRACE_WORKLOADS[index]
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
@@ -218,7 +220,7 @@ def _trace_child(index: int, out: str) -> None:
                    "events": events}, f)
 
 
-def _traces(torch: Any, why: Optional[str], outdir: Path) -> list[Row]:
+def _traces(torch: Any, why: Optional[str], outdir: Path) -> list[Check]:
     """Three workloads' real allocator traces, each recorded in a fresh process, written to
     ``outdir/allocator-traces.json.gz`` and replayed through vramlab's allocator model: reserved
     bytes must agree after every alloc and free."""
@@ -228,13 +230,14 @@ def _traces(torch: Any, why: Optional[str], outdir: Path) -> list[Row]:
     import json
     import tempfile
 
-    from .sim.replay import replay
+    from vramlab.sim.replay import replay
 
     rows, kept = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, *_rest) in enumerate(TRACE_WORKLOADS):
             out = os.path.join(tmp, f"{i}.json")
-            code = "import sys\nfrom vramlab.gpu_report import _trace_child\n_trace_child(int(sys.argv[1]), sys.argv[2])"
+            code = f"import sys\nsys.path.insert(0, {str(TOOLS)!r})\nfrom gpu_report import _trace_child\n" \
+                "_trace_child(int(sys.argv[1]), sys.argv[2])"
             try:
                 r = subprocess.run([sys.executable, "-c", code, str(i), out], capture_output=True, text=True, timeout=150,
                                    stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -286,7 +289,7 @@ def _outputs_text(cell: Any) -> str:
     return "\n".join(out)
 
 
-def _in_kernel(torch: Any, why: Optional[str], notebooks_out: Path) -> list[Row]:
+def _in_kernel(torch: Any, why: Optional[str], notebooks_out: Path) -> list[Check]:
     """In a real kernel on CUDA: a ``%%vram`` cell's peak against ``torch.cuda.max_memory_allocated``
     to the byte; a real CUDA out-of-memory error and vramlab's explanation of it; ``%vram free``
     bringing allocated and reserved memory back to what they were before."""
@@ -320,7 +323,7 @@ def _in_kernel(torch: Any, why: Optional[str], notebooks_out: Path) -> list[Row]
         for line in _outputs_text(cell).splitlines():
             if line.startswith("VRAMLAB_JSON "):
                 found.update(json.loads(line[len("VRAMLAB_JSON "):]))
-    def compare(name: str, a: str, b: str, cell: int, detail: str) -> Row:
+    def compare(name: str, a: str, b: str, cell: int, detail: str) -> Check:
         """PASS when the kernel printed ``a`` and ``b`` and they are equal."""
         if a not in found or b not in found:
             return Row("in a kernel", name, "FAIL", "the cell printed no figures: " + _outputs_text(done.cells[cell])[-300:])
@@ -370,7 +373,7 @@ def monitor_gaps(samples: Sequence[tuple[float, int]], smi: Sequence[tuple[float
     return offset, abs(d_gap - offset), t_gap, moved
 
 
-def _monitor(torch: Any, why: Optional[str], seconds: float = 20.0) -> list[Row]:
+def _monitor(torch: Any, why: Optional[str], seconds: float = 20.0) -> list[Check]:
     """The live monitor under load: the sampler at 0.5 s during a training loop whose memory
     keeps changing, against ``nvidia-smi --query-gpu=memory.used`` polled at the same pace; and
     the sampler's CPU cost."""
@@ -381,9 +384,9 @@ def _monitor(torch: Any, why: Optional[str], seconds: float = 20.0) -> list[Row]
     exe = shutil.which("nvidia-smi")
     if torch is None or exe is None:
         return [Row("monitor", n, "SKIP", why or "nvidia-smi not found") for n in names]
-    from .lessons import models
-    from .runtime.sampler import Sampler
-    from .units import format_bytes
+    from vramlab.lessons import models
+    from vramlab.runtime.sampler import Sampler
+    from vramlab.units import format_bytes
 
     build, batch, loss_fn = models.make_mlp()
     model = build().to("cuda:0")
@@ -439,9 +442,9 @@ def _monitor(torch: Any, why: Optional[str], seconds: float = 20.0) -> list[Row]
     return [Row("monitor", names[0], "PASS" if ok else "FAIL", detail), cpu]
 
 
-def _selfcheck(log: list[str]) -> list[Row]:
+def _selfcheck(log: list[str]) -> list[Check]:
     checks = selftest.run_checks(log=log.append)
-    return [Row("self-check", c.name, c.status, c.detail) for c in checks]
+    return [Row("self-check", c.name, c.status, c.detail) for c in checks]  # the same rows, in their section
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -513,7 +516,8 @@ def _run_notebook(src: Path, out: Path, limit: float, env: dict[str, str]) -> tu
     ``(status, detail)``. Past ``limit`` seconds the process and its kernel are killed."""
     import json
 
-    code = "import sys\nfrom vramlab.gpu_report import _notebook_child\n_notebook_child(sys.argv[1], sys.argv[2], float(sys.argv[3]))"
+    code = (f"import sys\nsys.path.insert(0, {str(TOOLS)!r})\nfrom gpu_report import _notebook_child\n"
+            "_notebook_child(sys.argv[1], sys.argv[2], float(sys.argv[3]))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out), str(limit - 5)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             stdin=subprocess.DEVNULL, cwd=str(src.parent),
@@ -533,7 +537,7 @@ def _run_notebook(src: Path, out: Path, limit: float, env: dict[str, str]) -> tu
 
 
 def _notebooks(src: Path, out: Path, deadline: float, per_notebook_s: int, torch: Any,
-               why: Optional[str], on_row: Callable[[Row], None] = lambda r: None) -> list[Row]:
+               why: Optional[str], on_row: Callable[[Check], None] = lambda r: None) -> list[Check]:
     """Each notebook in its own process with a real deadline: ``min(per_notebook_s, what is
     left of the budget)``, after which it and its kernel are killed; none starts with less than
     :data:`MIN_START_S` left. Kernels draw inline (MPLBACKEND is not passed on)."""
@@ -564,7 +568,7 @@ def _notebooks(src: Path, out: Path, deadline: float, per_notebook_s: int, torch
     return rows
 
 
-def _benchmark(script: Path, torch: Any, why: Optional[str], log: list[str]) -> list[Row]:
+def _benchmark(script: Path, torch: Any, why: Optional[str], log: list[str]) -> list[Check]:
     if torch is None:
         return [Row("benchmark", "bench_snapshot.py GPU part", "SKIP", why or "no CUDA")]
     if not script.is_file():
@@ -580,11 +584,11 @@ def _benchmark(script: Path, torch: Any, why: Optional[str], log: list[str]) -> 
                 "; ".join(" ".join(ln.split()) for ln in lines) or f"exit {r.returncode}")]
 
 
-def _sampler(torch: Any, why: Optional[str]) -> list[Row]:
+def _sampler(torch: Any, why: Optional[str]) -> list[Check]:
     if torch is None:
         return [Row("sampler", n, "SKIP", why or "no CUDA") for n in ("cost while CUDA is busy",
                                                                       "CUDA graph capture while sampling")]
-    from .runtime.sampler import Sampler
+    from vramlab.runtime.sampler import Sampler
 
     dev = torch.device("cuda:0")
     a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
@@ -660,10 +664,10 @@ def _sampler(torch: Any, why: Optional[str]) -> list[Row]:
 # --------------------------------------------------------------------------- the report
 
 
-def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
-               benchmark: Path = Path("benchmarks/bench_snapshot.py"), budget_s: float = 420.0,
+def run_report(outdir: Path, *, notebooks: Path = ROOT / "notebooks",
+               benchmark: Path = ROOT / "benchmarks" / "bench_snapshot.py", budget_s: float = 420.0,
                per_notebook_s: int = 120, echo: Callable[[str], None] = lambda s: None,
-               notebooks_out: Optional[Path] = None) -> list[Row]:
+               notebooks_out: Optional[Path] = None) -> list[Check]:
     """Run every section and write ``outdir/report.md``; returns the rows.
 
     ``report.md`` is rewritten after every section and every notebook, so a run that is
@@ -673,12 +677,12 @@ def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
     deadline = t0 + budget_s
     outdir.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
-    rows: list[Row] = []
+    rows: list[Check] = []
 
     def save(done: bool = False) -> None:
         _write(outdir / "report.md", rows, log, time.monotonic() - t0, done)
 
-    def section(title: str, fn: Callable[[], list[Row]]) -> None:
+    def section(title: str, fn: Callable[[], list[Check]]) -> None:
         s0 = time.perf_counter()
         n = len(rows)
         try:
@@ -690,7 +694,7 @@ def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
         save()
         echo(f"{title}: {time.perf_counter() - s0:.1f} s, " + ", ".join(f"{r.name} {r.status}" for r in got))
 
-    def progress(row: Row) -> None:
+    def progress(row: Check) -> None:
         rows.append(row)
         save()
 
@@ -709,12 +713,12 @@ def run_report(outdir: Path, *, notebooks: Path = Path("notebooks"),
     return rows
 
 
-def _write(path: Path, rows: Sequence[Row], log: Sequence[str], elapsed: float, done: bool = True) -> None:
+def _write(path: Path, rows: Sequence[Check], log: Sequence[str], elapsed: float, done: bool = True) -> None:
     counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP", "INFO")}
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     state = "in" if done else "so far (the run is still going, or was stopped), after"
     lines = [f"# vramlab GPU report, {when}", "",
-             f"`python -m vramlab.gpu_report`: {counts['PASS']} passed, {counts['FAIL']} failed, "
+             f"`python3 tools/gpu_report.py`: {counts['PASS']} passed, {counts['FAIL']} failed, "
              f"{counts['SKIP']} skipped, {state} {elapsed:.0f} s.", "",
              "| section | check | status | detail |", "|---|---|---|---|"]
     for r in rows:
@@ -729,11 +733,11 @@ def _write(path: Path, rows: Sequence[Row], log: Sequence[str], elapsed: float, 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the report; exit 1 when a row failed, 2 on bad arguments."""
-    p = argparse.ArgumentParser(prog="python -m vramlab.gpu_report",
+    p = argparse.ArgumentParser(prog="python3 tools/gpu_report.py",
                                 description="Run vramlab's GPU checks, notebooks and measurements; write OUTDIR/report.md.")
     p.add_argument("outdir", type=Path, help="where report.md and the executed notebooks go")
-    p.add_argument("--notebooks", type=Path, default=Path("notebooks"), help="the notebooks to run (default notebooks/)")
-    p.add_argument("--benchmark", type=Path, default=Path("benchmarks/bench_snapshot.py"),
+    p.add_argument("--notebooks", type=Path, default=ROOT / "notebooks", help="the notebooks to run (default notebooks/)")
+    p.add_argument("--benchmark", type=Path, default=ROOT / "benchmarks" / "bench_snapshot.py",
                    help="the snapshot benchmark script (default benchmarks/bench_snapshot.py)")
     p.add_argument("--budget", type=float, default=420.0, metavar="SECONDS",
                    help="no notebook starts after this many seconds (default 420)")
