@@ -40,6 +40,8 @@ export interface IKernelRow {
 /** The server's answer. */
 export interface IReading {
   version: number;
+  /** whether the kernels' USS was read (``?uss=1``): ``uss`` in each row is null otherwise */
+  uss: boolean;
   /** set when the server served its last reading because a new one took too long */
   stale?: boolean;
   time: number;

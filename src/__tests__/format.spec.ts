@@ -13,6 +13,7 @@ const MiB = 2 ** 20;
 function reading(): IReading {
   return {
     version: 1,
+    uss: false,
     time: 1000,
     interval: 2,
     warn_fraction: 0.9,

@@ -85,6 +85,18 @@ async def kernel_refs(kernel_manager: Any, session_manager: Any) -> list[KernelR
     return refs
 
 
+
+def reply(data: dict[str, Any], settings: Any, stale: bool = False) -> dict[str, Any]:
+    """What ``GET <base_url>/vramlab/kernels`` answers (``IReading`` in ``src/format.ts``, which
+    ``tests/server/test_wire.py`` holds to this): a reading (:func:`~vramlab.server.readings.read_kernels`)
+    with the refresh ``interval`` (seconds) and ``warn_fraction`` from ``settings``; ``stale``
+    marks a reading served again because the latest took over ``settings.read_timeout`` seconds."""
+    if stale:
+        data = {**data, "stale": True,
+                "notes": list(data["notes"]) + [f"this reading is stale: the latest one took over "
+                                                f"{settings.read_timeout:g} s"]}
+    return {**data, "interval": settings.refresh_interval, "warn_fraction": settings.warn_fraction}
+
 class KernelsMemoryHandler(APIHandler):
     """``GET``: each kernel's memory (JSON, sizes in bytes, times in seconds)."""
 
@@ -107,11 +119,9 @@ class KernelsMemoryHandler(APIHandler):
             last = self.service.last
             if last is None:
                 raise web.HTTPError(503, "vramlab: the first reading has not finished") from None
-            data = {**last, "stale": True,
-                    "notes": list(last["notes"]) + [f"this reading is stale: the latest one took over "
-                                                     f"{self.lab_settings.read_timeout:g} s"]}
-        out = {**data, "interval": self.lab_settings.refresh_interval,
-               "warn_fraction": self.lab_settings.warn_fraction}
+            out = reply(last, self.lab_settings, stale=True)
+        else:
+            out = reply(data, self.lab_settings)
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(out))
 
