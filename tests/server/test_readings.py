@@ -3,24 +3,12 @@ the service caches readings and keeps each kernel's history."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 
-import pytest
 
 from tests.driver_scenarios import GiB, MiB, gpu, machine
 from vramlab.server.readings import KernelMemoryService, KernelRef, read_kernels
-
-
-@pytest.fixture
-def sleeper():
-    """A real process standing in for a kernel (PID, asleep)."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    yield p.pid
-    p.kill()
-    p.wait()
 
 
 def test_remote_and_gone_kernels_have_no_figures(nvml_sim, sleeper):

@@ -6,9 +6,6 @@ type. A field added on one side only fails here."""
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -114,15 +111,6 @@ def _check_object(value, fields: dict[str, tuple[bool, str]], types: dict, where
             assert optional, f"{where}: the frontend expects {name!r}, which the server does not send"
             continue
         _check(value[name], t, types, f"{where}.{name}")
-
-
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    yield p.pid
-    p.kill()
-    p.wait()
 
 
 @pytest.mark.parametrize("stale", [False, True])
