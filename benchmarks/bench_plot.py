@@ -17,7 +17,7 @@ import collections
 import time
 
 from vramlab.display.plot import plot_history
-from vramlab.display.widget import SampleWindow, sparkline_svg
+from vramlab.display.sparkline import SampleWindow, sparkline_svg
 from vramlab.model import CellRecord, DeviceSample, History, HostDelta, Sample
 
 GiB = 1 << 30

@@ -182,7 +182,8 @@ def test_sampling_error_shown_once_in_the_monitor():
 
 
 def test_sparkline_markers_and_warning(gpu_snapshot):
-    from vramlab.display.widget import bars_html, sparkline_svg
+    from vramlab.display.bars import bars_html
+    from vramlab.display.sparkline import sparkline_svg
     from vramlab.model import DeviceSample
     from vramlab.runtime.sampler import Marker, Sample
 
@@ -198,7 +199,7 @@ def test_sparkline_markers_and_warning(gpu_snapshot):
 
 
 def test_bars_show_the_children(children_snapshot):
-    from vramlab.display.widget import bars_html
+    from vramlab.display.bars import bars_html
 
     html = bars_html(children_snapshot)
     assert "child processes <b>16.00 MiB</b>" in html and "child processes <b>3.00 GiB</b>" in html
@@ -221,7 +222,7 @@ def test_the_window_kept_as_samples_come_is_what_filtering_the_ring_gives():
     import collections
     import random
 
-    from vramlab.display.widget import SampleWindow, sparkline_svg
+    from vramlab.display.sparkline import SampleWindow, sparkline_svg
     from vramlab.model import DeviceSample
 
     rng = random.Random(7)
@@ -247,7 +248,7 @@ def test_the_window_kept_as_samples_come_is_what_filtering_the_ring_gives():
 def test_sparkline_points_are_bounded_and_keep_a_spike():
     import re
 
-    from vramlab.display.widget import SPARK_POINTS, sparkline_svg
+    from vramlab.display.sparkline import SPARK_POINTS, sparkline_svg
 
     now = 100_000.0
     n = 14_400  # a full ring, all in the window
@@ -361,7 +362,8 @@ def test_the_monitor_says_swap_is_missing_and_the_sampling_error_in_portuguese(s
     import types
 
     import vramlab
-    from vramlab.display.widget import Monitor, bars_html
+    from vramlab.display.bars import bars_html
+    from vramlab.display.widget import Monitor
 
     snap = vramlab.snapshot()
     snap = dataclasses.replace(snap, host=dataclasses.replace(snap.host, swap_total=0, swap_used=0))
