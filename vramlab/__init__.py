@@ -39,6 +39,7 @@ __all__ = [
     "pick_device",
     "VirtualGPU",
     "estimate",
+    "Step",
     "find_max_batch_size",
     "GPU_PRESETS",
     "sim",
@@ -70,12 +71,13 @@ _LAZY = {
     "pick_device": ("lessons.device", "pick_device"),
     "VirtualGPU": ("sim.virtual_gpu", "VirtualGPU"),
     "estimate": ("sim.estimate", "estimate"),
+    "Step": ("sim.step", "Step"),
     "find_max_batch_size": ("sim.batch_finder", "find_max_batch_size"),
     "GPU_PRESETS": ("sim.presets", "GPU_PRESETS"),
 }
 _SUBPACKAGES = ("sim", "lessons", "distributed")
 #: lazy names that need torch: asking for one without torch is one line saying what to install
-_NEEDS_TORCH = {"VirtualGPU", "estimate", "pick_device", "find_max_batch_size"}
+_NEEDS_TORCH = {"VirtualGPU", "estimate", "Step", "pick_device", "find_max_batch_size"}
 
 
 def __getattr__(name: str) -> Any:

@@ -58,3 +58,24 @@ def test_checkpointing_combines_with_a_strategy(strategy) -> None:
     plain = estimate(build, make_batch, **kw)
     ck = estimate(build, make_batch, checkpoint="layers", **kw)
     assert ck.breakdown["activations"] < plain.breakdown["activations"]
+
+
+def test_a_step_spec_is_the_same_step_as_its_fields() -> None:
+    """estimate() and measure() take one Step value, passed whole, as well as its fields."""
+    from vramlab.sim.step import Step
+
+    build, make_batch, loss_fn = models.make_gpt("micro", seq=32)
+    spec = Step(build, make_batch, batch_size=4, optimizer="adamw", loss_fn=loss_fn, precision="bf16-mixed")
+    by_fields = estimate(build, make_batch, batch_size=4, optimizer="adamw", loss_fn=loss_fn, precision="bf16-mixed",
+                         device="T4")
+    by_spec = estimate(spec, device="T4")
+    assert (by_spec.peak, by_spec.peak_reserved, by_spec.breakdown) == \
+        (by_fields.peak, by_fields.peak_reserved, by_fields.breakdown)
+    real = measure(spec, device="T4")
+    assert (real.peak, real.breakdown) == (by_spec.peak, by_spec.breakdown)
+    bigger = estimate(spec.with_batch(8), device="T4")
+    assert bigger.batch_size == 8 and bigger.peak > by_spec.peak
+    with pytest.raises(ValueError, match="either a Step or the step's arguments"):
+        estimate(spec, batch_size=8)
+    with pytest.raises(TypeError, match="make_batch is missing"):
+        estimate(build, batch_size=8)

@@ -43,6 +43,7 @@ __all__ = [
     "estimate",
     "measure",
     "Estimate",
+    "Step",
     "measure_distributed",
     "measure_distributed_many",
     "find_max_batch_size",
@@ -56,6 +57,7 @@ _LAZY = {
     "estimate": ("estimate", "estimate"),
     "measure": ("measure", "measure"),
     "Estimate": ("estimate", "Estimate"),
+    "Step": ("step", "Step"),
     "measure_distributed": ("measure", "measure_distributed"),
     "measure_distributed_many": ("measure", "measure_distributed_many"),
     "find_max_batch_size": ("batch_finder", "find_max_batch_size"),
@@ -64,7 +66,7 @@ _LAZY = {
 }
 
 
-_NEEDS_TORCH = {"Ledger", "VirtualGPU", "estimate", "measure", "Estimate", "measure_distributed",
+_NEEDS_TORCH = {"Ledger", "VirtualGPU", "estimate", "measure", "Estimate", "Step", "measure_distributed",
                 "measure_distributed_many"}
 
 

@@ -40,7 +40,7 @@ import contextlib
 import functools
 import html
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from .._extras import require_torch
@@ -56,12 +56,12 @@ from .allocator import AllocConf, CachingAllocator  # noqa: E402
 from .kernels import CudaKernels  # noqa: E402
 from ..facts import Method  # noqa: E402
 from .ledger import CATEGORIES, Ledger, LedgerHooks, ShardLedger, counted_storage_resize  # noqa: E402
-from .precision import LossScaler, MasterWeights, Precision, resolve_precision  # noqa: E402
+from .precision import LossScaler, MasterWeights, Precision  # noqa: E402
 from .presets import CONTEXT_FIGURES, get_preset  # noqa: E402
 from .ranks import check_world_size, fake_process_group  # noqa: E402
-from .optimizers import paged_bytes, resolve_optimizer  # noqa: E402
-from .step import (OPTIMIZERS, Loop, apply_checkpoint, build_on_meta, check_args, checkpoint_modules,  # noqa: E402
-                   count_params, init_parameters, make_optimizer, materialize, run_steps)
+from .optimizers import paged_bytes  # noqa: E402
+from .step import (OPTIMIZERS, Loop, Step, StepRun, apply_checkpoint, as_step, build_on_meta,  # noqa: E402
+                   checkpoint_modules, count_params, init_parameters, make_optimizer, materialize, run_steps)
 from .strategies import (STRATEGIES, ZeRO1, ZeRO2, device_mesh, optimizer_class, prepare,  # noqa: E402
                          ranks_to_estimate, resolve_strategy, zero2_candidates, zero_partition)
 from .virtual_gpu import VirtualGPU, allocator_conf  # noqa: E402
@@ -414,8 +414,8 @@ def make_estimate(acct: Ledger, tgt: Target, *, n_params: int, batch_size: int, 
         **extra)
 
 
-def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
-             optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
+def estimate(build_model: Union[Callable[[], nn.Module], Step], make_batch: Optional[Callable[[int], Any]] = None, *,
+             batch_size: Optional[int] = None, optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
              device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
              steps: Optional[int] = None, round_blocks: Optional[bool] = None, world_size: int = 1,
              strategy: Any = None, rank: Union[None, int, str] = None, precision: Optional[str] = None,
@@ -423,8 +423,14 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
              accumulate: int = 1, set_to_none: bool = True, step_in_backward: bool = False) -> Estimate:
     """Estimate the peak memory of a step without allocating it (see module docs).
 
+    The step is either a :class:`~vramlab.sim.step.Step` (``estimate(step, device=...)``) or its
+    fields given here (``build_model``, ``make_batch``, ``batch_size``, ``optimizer``, ``loss_fn``,
+    ``step``, ``steps``, ``precision``, ``dtype``, ``checkpoint``, ``accumulate``,
+    ``set_to_none``, ``step_in_backward``); the rest says where and how it runs.
+
     Args:
         build_model: returns the ``nn.Module``; it is called under ``torch.device("meta")``.
+            Or a whole :class:`~vramlab.sim.step.Step`.
         make_batch: ``make_batch(batch_size)`` returns a tensor ``x`` (``model(x)``), a dict
             (``model(**batch)``) or a tuple ``(inputs, *targets)`` (``model(inputs)``, then
             ``loss_fn(output, *targets)``). It runs under ``FakeTensorMode``.
@@ -484,24 +490,32 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
             ``device`` size that is negative, zero, not finite or above 8 EiB, a ``world_size``
             outside 1..16384, ...
     """
+    spec = as_step(build_model, make_batch, dict(
+        batch_size=batch_size, optimizer=optimizer, loss_fn=loss_fn, step=step, steps=steps, precision=precision,
+        dtype=dtype, checkpoint=checkpoint, accumulate=accumulate, set_to_none=set_to_none,
+        step_in_backward=step_in_backward))
+    return estimate_step(spec, device=device, round_blocks=round_blocks, world_size=world_size, strategy=strategy,
+                         rank=rank, allocator=allocator, alloc_conf=alloc_conf)
+
+
+def estimate_step(spec: Step, *, device: Union[None, str, int, VirtualGPU] = None, round_blocks: Optional[bool] = None,
+                  world_size: int = 1, strategy: Any = None, rank: Union[None, int, str] = None,
+                  allocator: Optional[str] = None, alloc_conf: Optional[str] = None) -> Estimate:
+    """:func:`estimate` of ``spec`` (the arguments are :func:`estimate`'s)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     t0 = time.perf_counter()
-    train, steps = check_args(batch_size, step, steps, optimizer)
+    run_ = spec.resolved()
     tgt = target(device)
-    prec = resolve_precision(precision, dtype)
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
     conf = allocator_conf(resolve_allocator(allocator, alloc_conf, tgt), alloc_conf)
-    optimizer = resolve_optimizer(optimizer)
-    loop = Loop(accumulate, set_to_none, step_in_backward)
     if strategy is not None or world_size != 1:
-        return _estimate_parallel(build_model, make_batch, batch_size=batch_size, optimizer=optimizer, prec=prec,
-                                  train=train, step=step, steps=steps, tgt=tgt, rb=rb, loss_fn=loss_fn,
-                                  world_size=world_size, strategy=strategy, rank=rank, checkpoint=checkpoint, t0=t0,
-                                  conf=conf, loop=loop)
-    plan = prec.plan(None)
-    loop.check(optimizer=optimizer, scale_loss=plan.scale_loss and train, strategy=None)
-    model = build_on_meta(build_model, plan.model_dtype)
+        return _estimate_parallel(run_, tgt=tgt, rb=rb, world_size=world_size, strategy=strategy, rank=rank, t0=t0,
+                                  conf=conf)
+    plan = run_.prec.plan(None)
+    run_ = run_.checked(plan, None)
+    train, step, optimizer = run_.train, spec.step, run_.optimizer
+    model = build_on_meta(spec.build_model, plan.model_dtype)
     notes: list[str] = []
     lacking = _no_trainable_parameters(model)
     if train and lacking is not None:
@@ -513,10 +527,13 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
         # is its forward pass, which is what runs, as step="inference" (the same peak: without a
         # parameter that requires grad, autograd saves nothing for backward).
         train, step = False, "inference"
+        run_ = replace(run_, train=False)
         notes.append(tr("the model has no trainable parameters: there is nothing to backpropagate, so this is "
                         "the forward pass's memory (its activations), estimated as step='inference'"))
+    loop = run_.loop
+
     def run(books: Optional[CachingAllocator], on_oom: Any) -> tuple[Ledger, int, Any]:
-        ckpt = checkpoint_modules(model, checkpoint)
+        ckpt = checkpoint_modules(model, spec.checkpoint)
         apply_checkpoint(ckpt)
         acct = Ledger(None, round_blocks=rb, fake=True, allocator=books, no_values=_no_values)
         if on_oom is not None:
@@ -532,7 +549,7 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
                     wrap = MasterWeights.of if plan.master_weights else None
                     opt = make_optimizer(optimizer, model, tgt.cuda_like, wrap, loop)
                     scaler = LossScaler("cpu") if plan.scale_loss and train else None
-                    run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler, loop)
+                    run_steps(model, run_, opt, plan, scaler)
             finally:
                 hooks.remove()
         # kept alive to the result: ``after`` is what the step keeps (the cuBLAS workspace too, as torch keeps it)
@@ -540,12 +557,12 @@ def estimate(build_model: Callable[[], nn.Module], make_batch: Callable[[int], A
 
     def rebuild() -> None:
         nonlocal model
-        model = build_on_meta(build_model, plan.model_dtype)
+        model = build_on_meta(spec.build_model, plan.model_dtype)
 
     limit = _CardLimit(conf, tgt)
     acct, nck, _kept = limit.run(run, before_retry=rebuild)
-    return make_estimate(acct, tgt, n_params=count_params(model), batch_size=batch_size, step=step, steps=steps,
-                         prec=prec, method=Method.ESTIMATED, t0=t0, notes=notes, checkpointed=nck,
+    return make_estimate(acct, tgt, n_params=count_params(model), batch_size=spec.batch_size, step=step,
+                         steps=run_.steps, prec=run_.prec, method=Method.ESTIMATED, t0=t0, notes=notes, checkpointed=nck,
                          limit=limit.verdict, loop=loop, paged=paged_bytes(_kept[1]))
 
 
@@ -628,13 +645,13 @@ def _no_trainable_parameters(model: nn.Module) -> Optional[str]:
     return f"has no trainable parameters (its {count_params(model)} parameter elements all have requires_grad=False)"
 
 
-def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
-                       optimizer: Any, prec: Precision, train: bool, step: str, steps: int, tgt: Target,
-                       rb: bool, loss_fn: Any, world_size: int, strategy: Any, rank: Union[None, int, str],
-                       checkpoint: Any, t0: float, conf: Optional[AllocConf] = None,
-                       loop: Optional[Loop] = None) -> Estimate:
+def _estimate_parallel(run_: StepRun, *, tgt: Target, rb: bool, world_size: int, strategy: Any,
+                       rank: Union[None, int, str], t0: float, conf: Optional[AllocConf] = None) -> Estimate:
     """One rank of a data-parallel step: torch's wrapper on a fake process group."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec, optimizer, train = run_.spec, run_.optimizer, run_.train
+    build_model, checkpoint = spec.build_model, spec.checkpoint
 
     ws = check_world_size(world_size)
     if strategy is None:
@@ -647,9 +664,8 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
     if rank is not None and rank != "all" and (isinstance(rank, bool) or not isinstance(rank, int)
                                                 or not 0 <= rank < ws):
         raise ValueError(f"rank must be an integer in [0, {ws}) or 'all'; got {rank!r}")
-    plan = prec.plan(strat.name)
-    loop = (loop if loop is not None else Loop()).check(optimizer=optimizer, scale_loss=plan.scale_loss,
-                                                        strategy=strat.name)
+    plan = run_.prec.plan(strat.name)
+    run_ = run_.checked(plan, strat.name)
     notes: list[str] = []
     if isinstance(strat, ZeRO2):
         notes.append(tr("zero2 is vramlab's model (gradients reduced to their owner rank, no buckets): torch has no "
@@ -694,8 +710,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                             note = functools.partial(_note_ready, record, index, acct)
                             extra.extend(p.register_post_accumulate_grad_hook(note) for p in params)
                         scaler = LossScaler("cpu") if plan.scale_loss else None
-                        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler,
-                                  loop)
+                        run_steps(model, run_, opt, plan, scaler)
                 finally:
                     for h in extra:
                         h.remove()
@@ -723,7 +738,7 @@ def _estimate_parallel(build_model: Callable[[], nn.Module], make_batch: Callabl
                ranks=", ".join(map(str, sorted(ranks))))
         notes.append(tr("the figures are rank {rank}'s, the highest peak of {which} ({lowest} to {highest})", rank=r,
                         which=which, lowest=format_bytes(min(peaks.values())), highest=format_bytes(max(peaks.values()))))
-    return make_estimate(won, tgt, n_params=n_params, batch_size=batch_size, step=step, steps=steps, prec=prec,
-                         method=Method.ESTIMATED_RANKS, t0=t0, notes=notes,
+    return make_estimate(won, tgt, n_params=n_params, batch_size=spec.batch_size, step=spec.step, steps=run_.steps,
+                         prec=run_.prec, method=Method.ESTIMATED_RANKS, t0=t0, notes=notes,
                          checkpointed=ckpt, parallel=(ws, strat.name, r, peaks),
-                         limit=limit.verdict, loop=loop, paged=paged_bytes(_opt))
+                         limit=limit.verdict, loop=run_.loop, paged=paged_bytes(_opt))

@@ -24,10 +24,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from .estimate import Estimate, allocator_conf, make_estimate, resolve_allocator, target  # noqa: E402
-from .optimizers import paged_bytes, resolve_optimizer  # noqa: E402
+from .optimizers import paged_bytes  # noqa: E402
 from .precision import LossScaler, MasterWeights, resolve_precision  # noqa: E402
 from .ranks import check_world_size, run_ranks  # noqa: E402
-from .step import (Loop, apply_checkpoint, build_on_meta, check_args, checkpoint_modules, count_params,  # noqa: E402
+from .step import (Step, apply_checkpoint, as_step, build_on_meta, checkpoint_modules, count_params,  # noqa: E402
                    init_parameters, make_optimizer, materialize, run_steps, to_device)
 from .strategies import device_mesh, prepare, resolve_strategy  # noqa: E402
 from .virtual_gpu import VirtualGPU  # noqa: E402
@@ -58,15 +58,16 @@ def _measure_rank(factory: Callable[[], tuple], strategy: Any, batch_size: int, 
                   dtype: Optional[torch.dtype], steps: int, precision: Optional[str] = None,
                   checkpoint: Any = None) -> RankReading:
     build, make_batch, loss_fn = factory()
-    prec = resolve_precision(precision, dtype)
-    plan = prec.plan(strategy.name)
+    run_ = Step(build, make_batch, batch_size, optimizer, loss_fn, steps=steps, precision=precision, dtype=dtype,
+                checkpoint=checkpoint).resolved()
+    plan = run_.prec.plan(strategy.name)
     mesh = device_mesh(strategy)
     model = build_on_meta(build, plan.model_dtype)
     gpu = VirtualGPU(2**60, count_shards=True, allocator="exact")
     with gpu:
         model, opt, extra = prepare(strategy, model, plan, optimizer, False, gpu.ledger, gpu.hooks, mesh, checkpoint)
         scaler = LossScaler("cpu") if plan.scale_loss else None
-        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, True, steps, "cpu", scaler)
+        run_steps(model, run_, opt, plan, scaler)
         for h in extra:
             h.remove()
     return RankReading(torch.distributed.get_rank(), gpu.peak, gpu.breakdown("peak"), gpu.allocated)
@@ -112,30 +113,33 @@ def measure_distributed_many(runs: list[dict[str, Any]], *, world_size: int,
     return [[per_rank[rank][i] for rank in range(world_size)] for i in range(len(jobs))]
 
 
-def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], Any], *, batch_size: int,
-            optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
+def measure(build_model: Union[Callable[[], nn.Module], Step], make_batch: Optional[Callable[[int], Any]] = None, *,
+            batch_size: Optional[int] = None, optimizer: Any = None, dtype: Optional[torch.dtype] = None, step: str = "train",
             device: Union[None, str, int, VirtualGPU] = None, loss_fn: Optional[Callable[..., Any]] = None,
             steps: Optional[int] = None, round_blocks: Optional[bool] = None, precision: Optional[str] = None,
             checkpoint: Any = None, allocator: Optional[str] = None, alloc_conf: Optional[str] = None,
             accumulate: int = 1, set_to_none: bool = True, step_in_backward: bool = False) -> Estimate:
     """Run the same step as :func:`~vramlab.sim.estimate.estimate` for real, on the CPU, under a VirtualGPU.
 
-    Same arguments and result; the model is built on the meta device and materialised
+    Same arguments (a :class:`~vramlab.sim.step.Step`, or its fields) and result; the model is
+    built on the meta device and materialised
     inside the VirtualGPU, exactly as ``estimate`` does with fake tensors. With a
     ``device``, its capacity is enforced (``torch.OutOfMemoryError`` when the step does not
     fit); without one the VirtualGPU is unbounded. This uses real memory and compute.
     """
     t0 = time.perf_counter()
-    train, steps = check_args(batch_size, step, steps, optimizer)
+    spec = as_step(build_model, make_batch, dict(
+        batch_size=batch_size, optimizer=optimizer, loss_fn=loss_fn, step=step, steps=steps, precision=precision,
+        dtype=dtype, checkpoint=checkpoint, accumulate=accumulate, set_to_none=set_to_none,
+        step_in_backward=step_in_backward))
+    run_ = spec.resolved()
     tgt = target(device)
-    prec = resolve_precision(precision, dtype)
-    plan = prec.plan(None)
-    optimizer = resolve_optimizer(optimizer)
-    loop = Loop(accumulate, set_to_none, step_in_backward).check(optimizer=optimizer,
-                                                                 scale_loss=plan.scale_loss and train, strategy=None)
+    plan = run_.prec.plan(None)
+    run_ = run_.checked(plan, None)
+    train, optimizer, loop = run_.train, run_.optimizer, run_.loop
     rb = tgt.cuda_like if round_blocks is None else bool(round_blocks)
-    model = build_on_meta(build_model, plan.model_dtype)
-    ckpt = checkpoint_modules(model, checkpoint)
+    model = build_on_meta(spec.build_model, plan.model_dtype)
+    ckpt = checkpoint_modules(model, spec.checkpoint)
     apply_checkpoint(ckpt)
     cap = tgt.capacity if tgt.capacity is not None else 2**60
     allocator = resolve_allocator(allocator, alloc_conf, tgt)
@@ -149,10 +153,10 @@ def measure(build_model: Callable[[], nn.Module], make_batch: Callable[[int], An
         opt = make_optimizer(optimizer, model, tgt.cuda_like, MasterWeights.of if plan.master_weights else None,
                              loop)
         scaler = LossScaler("cpu") if plan.scale_loss and train else None
-        run_steps(model, make_batch, batch_size, opt, loss_fn, plan, train, steps, "cpu", scaler, loop)
+        run_steps(model, run_, opt, plan, scaler)
     bounded = gpu.allocator_kind == "caching" and tgt.capacity is not None
-    return make_estimate(gpu.ledger, tgt, n_params=count_params(model), batch_size=batch_size, step=step,
-                         steps=steps, prec=prec, method=Method.MEASURED, t0=t0, notes=[],
+    return make_estimate(gpu.ledger, tgt, n_params=count_params(model), batch_size=spec.batch_size, step=spec.step,
+                         steps=run_.steps, prec=run_.prec, method=Method.MEASURED, t0=t0, notes=[],
                          checkpointed=len(ckpt), limit=(True, None) if bounded else None, loop=loop,
                          paged=paged_bytes(opt))
 
@@ -184,8 +188,9 @@ def measure_cuda_peaks(build_model: Callable[[], nn.Module], make_batch: Callabl
     ``make_batch``'s tensors are moved to the device. Call :func:`warm_up_cuda` once first, so
     that cuBLAS and cuDNN workspaces are not counted.
     """
-    train, steps = check_args(batch_size, step, steps, optimizer)
-    plan = resolve_precision(precision, dtype).plan(None)
+    run_ = Step(build_model, make_batch, batch_size, optimizer, loss_fn, step=step, steps=steps, precision=precision,
+                dtype=dtype, checkpoint=checkpoint).resolved()
+    train, plan = run_.train, run_.prec.plan(None)
     dev = torch.device(device)
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
@@ -199,8 +204,7 @@ def measure_cuda_peaks(build_model: Callable[[], nn.Module], make_batch: Callabl
     apply_checkpoint(checkpoint_modules(model, checkpoint))
     opt = make_optimizer(optimizer, model, True, MasterWeights.of if plan.master_weights else None)
     scaler = LossScaler(dev) if plan.scale_loss and train else None
-    run_steps(model, lambda b: to_device(make_batch(b), dev), batch_size, opt, loss_fn, plan, train, steps,
-              "cuda", scaler)
+    run_steps(model, run_, opt, plan, scaler, device_type="cuda", make_batch=lambda b: to_device(make_batch(b), dev))
     torch.cuda.synchronize(dev)
     peak = int(torch.cuda.max_memory_allocated(dev)) - int(base)
     peak_reserved = int(torch.cuda.max_memory_reserved(dev)) - int(base_reserved)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable, Optional
 
 from .._extras import require_torch
@@ -24,13 +24,13 @@ require_torch("vramlab's simulator")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from .optimizers import BNB_NAMES, OptimizerChoice, StepInBackward  # noqa: E402
-from .precision import LossScaler, Plan, autocast  # noqa: E402
+from .optimizers import BNB_NAMES, OptimizerChoice, StepInBackward, resolve_optimizer  # noqa: E402
+from .precision import LossScaler, Plan, Precision, autocast, resolve_precision  # noqa: E402
 
 __all__ = ["OPTIMIZERS", "CHECKPOINT_CHOICES", "default_loss", "cast_batch", "forward", "make_optimizer",
            "materialize", "init_parameters", "run_steps", "build_on_meta", "count_params", "check_args",
            "to_device", "default_units", "checkpoint_modules", "apply_checkpoint", "optimizer_spec", "Loop",
-           "MAX_ACCUMULATE"]
+           "MAX_ACCUMULATE", "Step", "StepRun", "as_step"]
 
 #: Optimizers by name, for ``optimizer="adamw"``.
 OPTIMIZERS: dict[str, type] = {
@@ -253,15 +253,16 @@ def init_parameters(model: nn.Module) -> None:
                 reset()
 
 
-def run_steps(model: nn.Module, make_batch: Callable[[int], Any], batch_size: int, opt: Any, loss_fn: Any,
-              plan: Plan, train: bool, steps: int, device_type: str = "cpu",
-              scaler: Optional[LossScaler] = None, loop: Optional[Loop] = None) -> None:
-    """Run ``steps`` steps: the batch cast as ``plan`` says, the forward under its autocast
-    (``device_type``'s), and for training, per micro-batch of ``loop.accumulate``, the loss
-    (divided by ``accumulate`` when above 1, scaled by ``scaler``) and backward; then unscale,
-    the optimizer step and ``zero_grad(set_to_none=loop.set_to_none)`` (none of them when the
-    step runs in backward)."""
-    loop = loop if loop is not None else Loop()
+def run_steps(model: nn.Module, run: "StepRun", opt: Any, plan: Plan, scaler: Optional[LossScaler] = None, *,
+              device_type: str = "cpu", make_batch: Optional[Callable[[int], Any]] = None) -> None:
+    """Run ``run.steps`` steps of ``run.spec``: the batch (``make_batch``, by default the step's)
+    cast as ``plan`` says, the forward under its autocast (``device_type``'s), and for training,
+    per micro-batch of ``loop.accumulate``, the loss (divided by ``accumulate`` when above 1,
+    scaled by ``scaler``) and backward; then unscale, the optimizer step and
+    ``zero_grad(set_to_none=loop.set_to_none)`` (none of them when the step runs in backward)."""
+    spec, loop, train, steps = run.spec, run.loop, run.train, run.steps
+    make_batch = make_batch if make_batch is not None else spec.make_batch
+    batch_size, loss_fn = spec.batch_size, spec.loss_fn
     for _ in range(steps):
         if not train:
             batch = cast_batch(make_batch(batch_size), plan.batch_dtype)
@@ -458,3 +459,85 @@ def apply_checkpoint(modules: Iterable[nn.Module]) -> None:
             continue
         inner = m.forward
         m.forward = functools.partial(checkpoint, inner, use_reentrant=False)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training or inference step, as one value: what :func:`~vramlab.sim.estimate.estimate`,
+    :func:`~vramlab.sim.measure.measure` and the batch finder run. The fields are those functions'
+    arguments of the same names (sizes in bytes, ``batch_size`` in samples per micro-batch);
+    :meth:`with_batch` gives the same step at another batch.
+
+    ``estimate(Step(build, make_batch, batch_size=8, optimizer="adamw"), device="T4")`` is
+    ``estimate(build, make_batch, batch_size=8, optimizer="adamw", device="T4")``.
+    """
+
+    build_model: Callable[[], nn.Module]
+    make_batch: Callable[[int], Any]
+    batch_size: int
+    optimizer: Any = None
+    loss_fn: Optional[Callable[..., Any]] = None
+    step: str = "train"
+    steps: Optional[int] = None
+    precision: Optional[str] = None
+    dtype: Optional[torch.dtype] = None
+    checkpoint: Any = None
+    accumulate: int = 1
+    set_to_none: bool = True
+    step_in_backward: bool = False
+
+    def with_batch(self, batch_size: int) -> "Step":
+        """This step at ``batch_size``."""
+        return replace(self, batch_size=batch_size)
+
+    def resolved(self) -> "StepRun":
+        """This step checked (one ``ValueError`` naming a bad field) and resolved for running;
+        its loop is checked against a strategy by the runner that knows it
+        (:meth:`StepRun.checked`)."""
+        train, steps = check_args(self.batch_size, self.step, self.steps, self.optimizer)
+        prec = resolve_precision(self.precision, self.dtype)
+        optimizer = resolve_optimizer(self.optimizer)
+        return StepRun(self, train, steps, prec, optimizer, Loop(self.accumulate, self.set_to_none,
+                                                                 self.step_in_backward))
+
+
+#: the names of :class:`Step`'s fields (the step's arguments of estimate() and measure())
+STEP_FIELDS = tuple(f.name for f in fields(Step))
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """A :class:`Step`, checked and resolved: whether it trains, how many steps, its precision,
+    its optimizer (names and factories resolved, :mod:`vramlab.sim.optimizers`) and its loop."""
+
+    spec: Step
+    train: bool
+    steps: int
+    prec: Precision
+    optimizer: Any
+    loop: Loop
+
+    def checked(self, plan: Plan, strategy: Optional[str]) -> "StepRun":
+        """This run, its loop checked under ``plan`` and ``strategy`` (one ``ValueError``)."""
+        loop = self.loop.check(optimizer=self.optimizer, scale_loss=plan.scale_loss and self.train, strategy=strategy)
+        return replace(self, loop=loop)
+
+
+def as_step(first: Any, make_batch: Any, given: dict[str, Any]) -> Step:
+    """The :class:`Step` that ``estimate()``/``measure()`` were called with: ``first`` itself
+    when it is one (then no step field may be given apart), else one made of
+    ``(first, make_batch, **given)``."""
+    if isinstance(first, Step):
+        extra = sorted(k for k, v in given.items() if v != _DEFAULTS.get(k))
+        if make_batch is not None or extra:
+            raise ValueError("pass either a Step or the step's arguments, not both (given beside the Step: "
+                             f"{', '.join(['make_batch'] * (make_batch is not None) + extra)}); "
+                             "use step.with_batch(n) or dataclasses.replace(step, ...) to change it")
+        return first
+    if make_batch is None:
+        raise TypeError("make_batch is missing: pass build_model and make_batch, or a vramlab.sim.step.Step")
+    return Step(first, make_batch, **given)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Step) if f.name not in ("build_model", "make_batch")}
+_DEFAULTS["batch_size"] = None
