@@ -11,9 +11,17 @@ never touch another's:
 - ipython_memory_usage ``%imu_start``;
 - ipyexperiments' ``CellLogger`` (what ``IPyExperimentsCPU()`` starts in a kernel), CPU backend.
 
-It times N trivial cells (``pass``) and reports the added milliseconds per cell, then
-runs one ``time.sleep(2)`` cell and reports the process CPU seconds it burned. Output
-the tools print goes to a file, the same way for all. Last, it measures vramlab's
+It times N trivial cells, each with code of its own (``_c17 = 17``: a tool that keys cells by
+their code pays for every cell, as in a notebook where cells are new), and reports the added
+milliseconds per cell, then runs one ``time.sleep(2)`` cell and reports the process CPU seconds
+it burned. Output the tools print goes to a file, the same way for all. The contenders run
+interleaved: ``--rounds`` rounds, each running every contender once (the order rotates), and
+each figure is the median of its rounds, so that a slow minute of a shared machine does not
+land on one tool.
+
+Then the same cells in a real Jupyter kernel (ipykernel through jupyter_client, as a notebook
+runs them): the kernel process's CPU time per cell (``psutil``), which is what a tool costs a
+user, with the messages and the display hook of a real kernel. Last, it measures vramlab's
 sampler thread at 0.5 s and 0.1 s intervals, alone and with a live monitor attached.
 """
 
@@ -47,11 +55,11 @@ CHILD = textwrap.dedent('''
             r = ip.run_cell(line)
             if not r.success:
                 raise SystemExit(f"setup failed: {line}")
-        for _ in range(20):
-            ip.run_cell("pass")
+        for i in range(20):
+            ip.run_cell(f"_w{i} = {i}")
         t0 = time.perf_counter()
-        for _ in range(n):
-            ip.run_cell("pass")
+        for i in range(n):
+            ip.run_cell(f"_c{i} = {i}")
         per_cell = (time.perf_counter() - t0) / n
         c0, w0 = time.process_time(), time.perf_counter()
         ip.run_cell("import time; time.sleep(2)")
@@ -77,6 +85,63 @@ SAMPLER = textwrap.dedent('''
 ''')
 
 
+KERNEL = textwrap.dedent('''
+    import json, sys, time
+    import psutil
+    from jupyter_client.manager import start_new_kernel
+    setup, n = json.loads(sys.argv[1]), int(sys.argv[2])
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        def run(code):
+            r = kc.execute_interactive(code, timeout=120, output_hook=lambda msg: None)
+            if r["content"]["status"] != "ok":
+                raise SystemExit(f"failed: {code}")
+        for line in setup:
+            run(line)
+        for i in range(20):
+            run(f"_w{i} = {i}")
+        proc = psutil.Process(km.provisioner.pid)
+        c0 = sum(proc.cpu_times()[:2])
+        t0 = time.perf_counter()
+        for i in range(n):
+            run(f"_c{i} = {i}")
+        wall = (time.perf_counter() - t0) / n
+        cpu = (sum(proc.cpu_times()[:2]) - c0) / n
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    print(json.dumps({"cpu_per_cell_s": cpu, "wall_per_cell_s": wall}))
+''')
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def run_kernel(setup: list[str], n: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", KERNEL, json.dumps(setup), str(n)], capture_output=True, text=True,
+                       timeout=1800)
+    if r.returncode != 0:
+        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1][:120]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def interleaved(runner, contenders: dict[str, list[str]], n_of, rounds: int) -> dict[str, dict]:
+    """Each contender's figures, the median of ``rounds`` rounds; in each round every contender
+    runs once, in a fresh process, the order rotated by one from the round before."""
+    names = list(contenders)
+    got: dict[str, list[dict]] = {k: [] for k in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got[name].append(runner(contenders[name], n_of(name)))
+    out: dict[str, dict] = {}
+    for name, rs in got.items():
+        ok = [x for x in rs if "error" not in x]
+        out[name] = {k: median([x[k] for x in ok]) for k in ok[0]} if ok else rs[0]
+    return out
+
+
 def run_child(setup: list[str], n: int) -> dict:
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(setup), str(n)], capture_output=True, text=True,
                        timeout=1800)
@@ -89,12 +154,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", type=int, default=300, help="trivial cells per contender")
     ap.add_argument("--sampler-seconds", type=float, default=20.0)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each figure is their median")
     args = ap.parse_args()
-    res = {}
-    for name, setup in SETUPS.items():
-        n = args.cells if name != "ipython_memory_usage" else max(args.cells // 10, 20)
-        res[name] = run_child(setup, n)
+
+    def n_of(name: str) -> int:
+        return args.cells if name != "ipython_memory_usage" else max(args.cells // 10, 20)
+
+    res = interleaved(run_child, SETUPS, n_of, args.rounds)
     base = res["no extension"]
+    print(f"IPython shell, {args.cells} cells of their own code per contender, median of {args.rounds} interleaved "
+          "rounds")
     print(f"{'per cell':<28}{'ms/cell':>10}{'added ms':>10}{'x floor':>9}{'CPU in 2 s sleep':>18}")
     for name, r in res.items():
         if "error" in r:
@@ -103,6 +172,20 @@ def main() -> None:
         added = (r["per_cell_s"] - base["per_cell_s"]) * 1000
         print(f"{name:<28}{r['per_cell_s'] * 1000:>10.3f}{added:>10.3f}{r['per_cell_s'] / base['per_cell_s']:>9.2f}"
               f"{r['sleep_cpu_s']:>16.3f} s")
+    print()
+    kernel_setups = {k: SETUPS[k] for k in ("no extension", "vramlab auto")}
+    kres = interleaved(run_kernel, kernel_setups, lambda name: args.cells, args.rounds)
+    kbase = kres["no extension"]
+    print(f"a real kernel (ipykernel), {args.cells} cells per contender, median of {args.rounds} interleaved rounds: "
+          "the kernel process's CPU per cell")
+    print(f"{'per cell':<28}{'CPU ms':>10}{'added ms':>10}{'x floor':>9}{'wall ms':>10}")
+    for name, r in kres.items():
+        if "error" in r:
+            print(f"{name:<28}  not run: {r['error']}")
+            continue
+        added = (r["cpu_per_cell_s"] - kbase["cpu_per_cell_s"]) * 1000
+        print(f"{name:<28}{r['cpu_per_cell_s'] * 1000:>10.3f}{added:>10.3f}"
+              f"{r['cpu_per_cell_s'] / kbase['cpu_per_cell_s']:>9.2f}{r['wall_per_cell_s'] * 1000:>10.3f}")
     print()
     from importlib.metadata import PackageNotFoundError, version
 

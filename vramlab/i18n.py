@@ -65,6 +65,7 @@ def set_lang(code: Optional[str]) -> None:
     _forced = n
 
 
+@lru_cache(maxsize=64)
 def _in_pt_br_folder(path: str) -> bool:
     parts = Path(path).parts
     return any(p.lower() == "pt-br" for p in parts)
@@ -84,7 +85,7 @@ def lang() -> str:
         cwd = os.getcwd()
     except OSError:
         return "en"
-    return "pt-BR" if Path(cwd).name.lower() == "pt-br" else "en"
+    return "pt-BR" if os.path.basename(cwd.rstrip(os.sep)).lower() == "pt-br" else "en"
 
 
 @lru_cache(maxsize=None)

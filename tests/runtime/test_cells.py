@@ -49,3 +49,22 @@ def test_a_record_keeps_the_cells_key_and_batch():
     assert {"cell_key", "batch_size"} <= set(rec.to_dict())
     plain = r.end(r.begin(4))
     assert plain.cell_key is None and plain.batch_size is None
+
+
+def test_the_key_of_a_cell_that_ran_comes_from_ipython_s_history_not_a_second_transform(ip):
+    """In a kernel (history stored), the key is made from the code IPython already transformed:
+    the same key as transforming the cell again, for a cell with a magic, at no second cost."""
+    from vramlab.ipython.events import code_key
+
+    raw = "%time pass\nbs = 4\nx = bs"
+    r = ip.run_cell(raw, store_history=True)
+    calls = []
+    real = ip.transform_cell
+    ip.transform_cell = lambda cell: calls.append(cell) or real(cell)
+    try:
+        from_history = code_key(ip, raw, r.execution_count)
+        assert calls == []
+        assert from_history == code_key(ip, raw) and calls == [raw]  # without the count: transformed again
+        assert from_history == cell_key(real("%time pass\nbs = 8\nx = bs"))  # the batch left out, as before
+    finally:
+        del ip.transform_cell

@@ -69,13 +69,24 @@ def cell_number(shell: Any, info: Any = None) -> Optional[int]:
     return count if isinstance(count, int) else None
 
 
-def code_key(shell: Any, raw: str) -> Optional[str]:
+def code_key(shell: Any, raw: str, count: Optional[int] = None) -> Optional[str]:
     """The :func:`~vramlab.runtime.cells.cell_key` of a cell's code as IPython runs it (its
-    magics and shell escapes turned into calls), or of the raw text when that fails."""
-    try:
-        code = shell.transform_cell(raw)
-    except Exception:
-        code = raw
+    magics and shell escapes turned into calls), or of the raw text when that fails. After the
+    cell ran, IPython's history holds the code it transformed (``input_hist_parsed[count]``):
+    that is used when it is this cell's, rather than transforming the cell again."""
+    code: Any = None
+    hm = getattr(shell, "history_manager", None)
+    if count is not None and hm is not None:
+        try:
+            if hm.input_hist_raw[count] == raw:
+                code = hm.input_hist_parsed[count]
+        except Exception:
+            code = None
+    if not isinstance(code, str):
+        try:
+            code = shell.transform_cell(raw)
+        except Exception:
+            code = raw
     return cell_key(code if isinstance(code, str) else raw)
 
 
@@ -128,14 +139,14 @@ class CellEvents:
         self.tracker = OutputTracker(shell)
         self.interrupter = _InterruptAtStart(self)
         self._token: Any = None
-        self._key: Optional[str] = None  # the auto-mode cell's code, batch size left out (cell_key)
+        self._raw = ""  # the auto-mode cell's code as typed (its cell_key is made when it has run)
 
     def pre_run_cell(self, info: Any = None) -> None:
         """Mark the cell's start; in auto mode, begin its record."""
         try:
             self.in_cell_magic = False
             self._token = None
-            self._key = None
+            self._raw = ""
             self.interrupt_held = False
             count = cell_number(self.shell, info)
             sampler = existing_sampler()
@@ -145,7 +156,7 @@ class CellEvents:
             if self.auto and not raw.lstrip().startswith("%%vram"):
                 from ..runtime.records import get_recorder
 
-                self._key = code_key(self.shell, raw)
+                self._raw = raw  # its key is made when it has run, from IPython's history (code_key)
                 self._token = get_recorder().begin(count, keep_peaks=self.keep_peaks, uss=self.uss)
                 self.tracker.start()
         except KeyboardInterrupt:
@@ -171,7 +182,8 @@ class CellEvents:
                 from ..runtime.records import get_recorder
 
                 count = getattr(result, "execution_count", None)
-                record = get_recorder().end(self._token, error, execution_count=count, cell_key=self._key,
+                record = get_recorder().end(self._token, error, execution_count=count,
+                                            cell_key=code_key(self.shell, self._raw, count),
                                             batch_size=batch_size_in(self.shell.user_ns))
                 self._token = None
                 shown = getattr(result, "result", None) is not None
@@ -201,7 +213,7 @@ class CellEvents:
 
     def _abandon(self) -> None:
         self._token = None
-        self._key = None
+        self._raw = ""
         try:
             self.tracker.stop()
         except BaseException:  # pragma: no cover - removing the wrappers is a few dict operations

@@ -17,6 +17,7 @@ transformations, so a line magic is a call) and the namespace.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 from typing import Any, Mapping, Optional
@@ -67,6 +68,7 @@ class _LeaveOutTheBatch(ast.NodeTransformer):
         return node
 
 
+@functools.lru_cache(maxsize=256)
 def cell_key(code: Optional[str]) -> Optional[str]:
     """A digest (16 hex digits) of a cell's code with the batch size left out; ``None`` for
     empty code.
@@ -76,6 +78,7 @@ def cell_key(code: Optional[str]) -> Optional[str]:
     as a batch keyword (``DataLoader(ds, batch_size=64)``) are left out: comments, blank
     lines and spacing do not count. Code that does not parse (IPython syntax not yet
     transformed) is compared line by line, stripped, with literal batch numbers left out.
+    The last 256 keys are kept: a cell run again costs a lookup.
     """
     if code is None or not code.strip():
         return None
