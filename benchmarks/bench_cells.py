@@ -142,6 +142,18 @@ def interleaved(runner, contenders: dict[str, list[str]], n_of, rounds: int) -> 
     return out
 
 
+def print_table(res: dict[str, dict], key: str, heads: tuple[str, str], last) -> None:  # type: ignore[no-untyped-def]
+    """One row per contender: ``key`` (seconds per cell) in ms, what it adds to the floor (the
+    first contender), the ratio, and ``last(row)``."""
+    base = next(iter(res.values()))[key]
+    print(f"{'per cell':<28}{heads[0]:>10}{'added ms':>10}{'x floor':>9}{heads[1]:>18}")
+    for name, r in res.items():
+        if "error" in r:
+            print(f"{name:<28}  not run: {r['error']}")
+            continue
+        print(f"{name:<28}{r[key] * 1000:>10.3f}{(r[key] - base) * 1000:>10.3f}{r[key] / base:>9.2f}{last(r):>18}")
+
+
 def run_child(setup: list[str], n: int) -> dict:
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(setup), str(n)], capture_output=True, text=True,
                        timeout=1800)
@@ -161,31 +173,16 @@ def main() -> None:
         return args.cells if name != "ipython_memory_usage" else max(args.cells // 10, 20)
 
     res = interleaved(run_child, SETUPS, n_of, args.rounds)
-    base = res["no extension"]
     print(f"IPython shell, {args.cells} cells of their own code per contender, median of {args.rounds} interleaved "
           "rounds")
-    print(f"{'per cell':<28}{'ms/cell':>10}{'added ms':>10}{'x floor':>9}{'CPU in 2 s sleep':>18}")
-    for name, r in res.items():
-        if "error" in r:
-            print(f"{name:<28}  not run: {r['error']}")
-            continue
-        added = (r["per_cell_s"] - base["per_cell_s"]) * 1000
-        print(f"{name:<28}{r['per_cell_s'] * 1000:>10.3f}{added:>10.3f}{r['per_cell_s'] / base['per_cell_s']:>9.2f}"
-              f"{r['sleep_cpu_s']:>16.3f} s")
+    print_table(res, "per_cell_s", ("ms/cell", "CPU in 2 s sleep"),
+                lambda r: f"{r['sleep_cpu_s']:>16.3f} s")
     print()
     kernel_setups = {k: SETUPS[k] for k in ("no extension", "vramlab auto")}
     kres = interleaved(run_kernel, kernel_setups, lambda name: args.cells, args.rounds)
-    kbase = kres["no extension"]
     print(f"a real kernel (ipykernel), {args.cells} cells per contender, median of {args.rounds} interleaved rounds: "
           "the kernel process's CPU per cell")
-    print(f"{'per cell':<28}{'CPU ms':>10}{'added ms':>10}{'x floor':>9}{'wall ms':>10}")
-    for name, r in kres.items():
-        if "error" in r:
-            print(f"{name:<28}  not run: {r['error']}")
-            continue
-        added = (r["cpu_per_cell_s"] - kbase["cpu_per_cell_s"]) * 1000
-        print(f"{name:<28}{r['cpu_per_cell_s'] * 1000:>10.3f}{added:>10.3f}"
-              f"{r['cpu_per_cell_s'] / kbase['cpu_per_cell_s']:>9.2f}{r['wall_per_cell_s'] * 1000:>10.3f}")
+    print_table(kres, "cpu_per_cell_s", ("CPU ms", "wall ms"), lambda r: f"{r['wall_per_cell_s'] * 1000:>10.3f}")
     print()
     from importlib.metadata import PackageNotFoundError, version
 
