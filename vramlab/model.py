@@ -123,6 +123,8 @@ class HostReading:
         children_pss: their proportional set sizes (each shared page split between the
             processes that map it), summed; when asked for, where the OS gives it (Linux).
         children_pids: their PIDs, in the order they were found (parents before children).
+        notes: what could not be read as it should, and what is shown instead
+            (:class:`~vramlab.facts.Note`: an unreadable cgroup file, ``/proc`` unreadable).
     """
 
     time: float
@@ -145,6 +147,7 @@ class HostReading:
     children_uss: Optional[int] = None
     children_pss: Optional[int] = None
     children_pids: tuple[int, ...] = ()
+    notes: tuple[Note, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,7 @@ class Snapshot:
         host = asdict(self.host)
         host["layers"] = dict(self.host.layers)
         host["children_pids"] = list(self.host.children_pids)
+        host["notes"] = [n.to_dict() for n in self.host.notes]
         devices = []
         for d in self.devices:
             dd = asdict(d)

@@ -329,16 +329,14 @@ def snapshot(*, uss: bool = False, import_torch: bool = False, cuda_calls: bool 
             CUDA graph capture): NVML and the allocator's host-side counters only.
     """
     notes: list[Note] = []  # the host's first (an unreadable cgroup file), then the devices'
-    h = read_host(uss=uss, notes=notes)
+    h = read_host(uss=uss)
+    notes.extend(h.notes)
     host = HostSnapshot(**vars(h), layers=host_layers(h))
     nvml = read_nvml(children=h.children_pids)
-    if nvml.reason is not None:
-        notes.append(nvml.reason)
-    for d in nvml.devices:
-        if d.note is not None:
-            notes.append(d.note)
-    torch_devs, tnotes = read_torch(import_torch=import_torch, runtime_calls=cuda_calls)
-    notes.extend(tnotes)
+    notes.extend(nvml.notes)
+    torch_reading = read_torch(import_torch=import_torch, runtime_calls=cuda_calls)
+    torch_devs = torch_reading.devices
+    notes.extend(torch_reading.notes)
 
     devices: list[DeviceSnapshot] = []
     nv_by_uuid = {bare_uuid(d.uuid): d for d in nvml.devices if d.uuid}

@@ -197,8 +197,8 @@ def _find(root):
 def _host_reading(monkeypatch, root):
     """read_host with this process's cgroup replaced by ``root``: (reading, notes)."""
     monkeypatch.setattr(host, "CGROUP", _files(root))
-    notes = []
-    return read_host(notes=notes), notes
+    h = read_host()
+    return h, list(h.notes)
 
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")

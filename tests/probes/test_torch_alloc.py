@@ -36,14 +36,15 @@ def test_reading_with_torch_does_not_initialise_cuda():
 def test_cpu_torch_has_no_allocator_devices():
     import torch  # noqa: F401
 
-    devices, notes = read_torch()
+    r = read_torch()
+    devices, notes = r.devices, r.notes
     assert [d for d in devices if d.kind == "cuda"] == [] or torch.cuda.is_initialized()
-    assert isinstance(notes, list)
+    assert isinstance(notes, tuple)
 
 
 def test_not_imported_reads_nothing():
     out = run("import sys; from vramlab.probes.torch_alloc import read_torch; print(read_torch(), 'torch' in sys.modules)")
-    assert out.strip() == "([], []) False"
+    assert out.strip() == "TorchReading(devices=(), notes=()) False"
 
 
 def test_reset_peaks_without_cuda_is_a_no_op():

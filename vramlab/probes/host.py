@@ -8,7 +8,7 @@ The *effective limit* is the memory the process can really use: the cgroup
 v2 ``memory.max`` or v1 ``memory.limit_in_bytes`` of this process's cgroup
 (the smallest along its ancestors) when that is lower than physical RAM, else
 physical RAM. On Binder or in a container it is the number that matters. A cgroup file
-that cannot be read is said in a note (``read_host(notes=...)``), never taken for "no
+that cannot be read is said in a note (:attr:`HostReading.notes <vramlab.model.HostReading>`), never taken for "no
 limit" in silence, and ``available`` never exceeds the limit shown.
 
 *Children* are the processes that descend from this one (recursively): DataLoader
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, TypedDict
 
 from ..facts import Note, NoteCode
@@ -412,17 +412,16 @@ def _children_fields(k: ChildrenReading) -> _ChildrenFields:
             "children_pids": k.pids}
 
 
-def read_host(uss: bool = False, notes: Optional[list[Note]] = None, children: bool = True) -> HostReading:
-    """Read host memory now. Sizes in bytes.
+def read_host(uss: bool = False, children: bool = True) -> HostReading:
+    """Read host memory now. Sizes in bytes; what could not be read as it should is in the
+    reading's ``notes`` (an unreadable cgroup limit or usage file, ``/proc`` that could not be
+    parsed), with what is shown instead.
 
     Args:
         uss: also read the USS of this process and of its descendants, and their PSS
             (slower: it walks every mapping of each).
         children: also read this process's descendants (``children_*``); ``False`` leaves them
             at zero (a Jupyter server reads its kernels' trees apart, with their own names).
-        notes: a list to which one :class:`~vramlab.facts.Note` is appended for each figure that could not be read
-            as it should (a cgroup limit or usage file that is unreadable, ``/proc`` that
-            could not be parsed), saying what is shown instead.
     """
     found: list[Note] = []
     if _LINUX:
@@ -431,10 +430,6 @@ def read_host(uss: bool = False, notes: Optional[list[Note]] = None, children: b
         except (OSError, ValueError) as e:
             found = [Note(NoteCode.HOST_PROC_UNREADABLE, detail=f"{type(e).__name__}: {e}")]
         else:
-            if notes is not None:
-                notes.extend(found)
-            return reading
+            return replace(reading, notes=tuple(found)) if found else reading
     reading = _read_host_psutil(uss, children)
-    if notes is not None:
-        notes.extend(found)
-    return reading
+    return replace(reading, notes=tuple(found)) if found else reading

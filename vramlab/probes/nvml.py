@@ -118,6 +118,13 @@ class NvmlReading:
     reason: Optional[Note] = None
     driver_version: Optional[str] = None
 
+    @property
+    def notes(self) -> tuple[Note, ...]:
+        """Every gap of this reading, as every probe reports them: why NVML is unavailable, then
+        each device's note (a lost GPU, unified memory), in NVML order."""
+        return ((self.reason,) if self.reason is not None else ()) + tuple(d.note for d in self.devices
+                                                                            if d.note is not None)
+
 
 # --------------------------------------------------------------------------- process lists
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ..facts import Note, NoteCode
 
-__all__ = ["TorchDevice", "read_torch", "torch_imported", "reset_peaks"]
+__all__ = ["TorchDevice", "TorchReading", "read_torch", "torch_imported", "reset_peaks"]
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,16 @@ def _stats_device(mod: Any, kind: str, i: int, runtime_calls: bool = True) -> To
     )
 
 
-def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[list[TorchDevice], list[Note]]:
-    """Read every initialised torch device. Returns (devices, notes). Never raises.
+@dataclass(frozen=True)
+class TorchReading:
+    """Every initialised torch device, and what could not be read (``notes``)."""
+
+    devices: tuple[TorchDevice, ...] = ()
+    notes: tuple[Note, ...] = ()
+
+
+def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> TorchReading:
+    """Read every initialised torch device. Never raises: what cannot be read is a note.
 
     Args:
         import_torch: import torch if it is not imported yet (a torch feature was asked for).
@@ -125,15 +133,15 @@ def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[
             caching allocator's host-side counters).
     """
     if not import_torch and "torch" not in sys.modules:
-        return [], []
+        return TorchReading()
     notes: list[Note] = []
     out: list[TorchDevice] = []
     try:
         import torch
     except Exception as e:
-        return [], [Note(NoteCode.TORCH_UNIMPORTABLE, detail=f"{type(e).__name__}: {e}")]
+        return TorchReading(notes=(Note(NoteCode.TORCH_UNIMPORTABLE, detail=f"{type(e).__name__}: {e}"),))
     if not hasattr(torch, "cuda"):  # torch is half-imported (we are inside its import)
-        return [], []
+        return TorchReading()
     for kind in ("cuda", "xpu"):
         mod = getattr(torch, kind, None)
         if mod is None:
@@ -169,7 +177,7 @@ def read_torch(import_torch: bool = False, runtime_calls: bool = True) -> tuple[
             ))
         except Exception as e:
             notes.append(Note(NoteCode.TORCH_STATS_UNAVAILABLE, device="mps", detail=f"{type(e).__name__}: {e}"))
-    return out, notes
+    return TorchReading(tuple(out), tuple(notes))
 
 
 def reset_peaks() -> list[str]:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..display.words import note_text
-from ..facts import Note
 from ..probes.host import ProcessTreeReading, read_host, read_process_tree
 from ..probes.nvml import NvmlDevice, NvmlReading, pid_visible, read_nvml
 from ..units import format_bytes
@@ -121,9 +120,8 @@ def read_kernels(kernels: Sequence[KernelRef], uss: bool = False) -> dict[str, A
     ``gpu[i]`` is ``None`` when device ``i`` gives no process list or no figure for one of
     the kernel's processes.
     """
-    host_notes: list[Note] = []
-    host = read_host(notes=host_notes, children=False)
-    notes = [note_text(n) for n in host_notes]  # the server's children are the kernels, read below
+    host = read_host(children=False)
+    notes = [note_text(n) for n in host.notes]  # the server's children are the kernels, read below
     trees: dict[str, Optional[ProcessTreeReading]] = {}
     for k in kernels:
         trees[k.id] = read_process_tree(k.pid, uss=uss) if k.pid is not None else None
