@@ -155,14 +155,16 @@ def parse_inactive_file(text: str | bytes, version: int) -> Optional[int]:
     """
     if isinstance(text, bytes):
         text = text.decode("ascii", "replace")
+    keys = ("inactive_file",) if version == 2 else ("total_inactive_file", "inactive_file")
     fields = {}
-    for line in text.splitlines():
+    for line in text.splitlines():  # only the lines wanted are parsed (memory.stat has about 40)
         key, _, value = line.partition(" ")
+        if key not in keys:
+            continue
         try:
             fields[key] = parse_byte_count(value)
         except ValueError:
             continue  # not a count (a corrupt line): left out
-    keys = ("inactive_file",) if version == 2 else ("total_inactive_file", "inactive_file")
     for k in keys:
         if k in fields:
             return fields[k]
@@ -257,6 +259,7 @@ def find_cgroup_limit(
     mountinfo_text: str,
     read: Callable[[str], Optional[str]],
     exists: Callable[[str], bool] = os.path.isdir,
+    dirs: Optional[list[tuple[int, list[str], str]]] = None,
 ) -> Optional[CgroupLimit]:
     """Find this process's memory limit from ``/proc/self/cgroup`` and ``/proc/self/mountinfo``.
 
@@ -269,9 +272,12 @@ def find_cgroup_limit(
     A limit file that cannot be parsed is left out of the smallest limit and named in
     :attr:`CgroupLimit.limit_errors`; so is one that is missing where the cgroup has a
     memory controller (its usage file exists), except on the hierarchy's root above this
-    process's cgroup, where the kernel writes none.
+    process's cgroup, where the kernel writes none. ``dirs``: the cgroup directories these two
+    texts give (:func:`_cgroup_dirs`), when the caller keeps them.
     """
-    for version, chain, _path in _cgroup_dirs(cgroup_text, mountinfo_text, exists):
+    if dirs is None:
+        dirs = _cgroup_dirs(cgroup_text, mountinfo_text, exists)
+    for version, chain, _path in dirs:
         limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
         usage_file = "memory.current" if version == 2 else "memory.usage_in_bytes"
         leaf_limit, leaf_err = _read_checked(read, os.path.join(chain[0], limit_file))
@@ -407,6 +413,7 @@ class CgroupFiles:
         self._read_bytes = read_bytes or os_read
         self._exists = exists or os.path.isdir
         self._texts: Optional[tuple[str, str]] = texts
+        self._dirs: Optional[list[tuple[int, list[str], str]]] = None
         self._found = _Found()
         self._limit_time = -float("inf")
 
@@ -435,6 +442,7 @@ class CgroupFiles:
         mi = _read_proc_text("/proc/self/mountinfo")
         if cg and mi:
             self._texts = (cg, mi)
+            self._dirs = None
         self.resolved = True
 
     def read(self) -> CgroupReading:
@@ -479,7 +487,9 @@ class CgroupFiles:
     def _read_limit(self) -> _Found:
         if self._texts is None:
             return _Found()
-        found = find_cgroup_limit(*self._texts, self._read_text, self._exists)
+        if self._dirs is None:  # the texts are read once per process, so are the directories they give
+            self._dirs = _cgroup_dirs(*self._texts, self._exists)
+        found = find_cgroup_limit(*self._texts, self._read_text, self._exists, dirs=self._dirs)
         if found is None:
             return _Found()
         if found.limit is None:
