@@ -44,14 +44,60 @@ def floor_files() -> list[str]:
     return files
 
 
-def floor() -> None:
-    """The fastest way to read the same numbers: one os.open/os.read/os.close per file, no parsing."""
-    for path in _FLOOR_FILES:
-        fd = os.open(path, os.O_RDONLY)
+_LIMIT_FILES: list[str] = []
+
+
+def _raw(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # a file the probe looks for and does not find costs the open too
         try:
             os.read(fd, 65536)
         finally:
             os.close(fd)
+
+
+def floor() -> None:
+    """The fastest way to read the same numbers: one os.open/os.read/os.close per file, no
+    parsing; with this process's children, as read_host() reads them (the task list, then
+    each task's children file)."""
+    _raw(_FLOOR_FILES)
+    task = f"/proc/{os.getpid()}/task"
+    _raw([f"{task}/{tid}/children" for tid in os.listdir(task)])
+
+
+def limit_files() -> list[str]:
+    """The files the cgroup limit refresh reads (every CGROUP_LIMIT_TTL seconds): each
+    candidate cgroup's limit and usage file, up its chain."""
+    from vramlab.probes import cgroup
+
+    c = cgroup.CGROUP
+    c.resolve()
+    if c._texts is None:
+        return []
+    out = []
+    for version, chain, _ in cgroup._cgroup_dirs(*c._texts, c._exists):
+        names = ("memory.max", "memory.current", "memory.stat") if version == 2 else \
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat")
+        out += [os.path.join(d, n) for d in chain for n in names]
+    return out
+
+
+def floor_with_refresh() -> None:
+    """The floor, plus the raw reads of the cgroup limit refresh."""
+    floor()
+    _raw(_LIMIT_FILES)
+
+
+def read_host_with_refresh() -> object:
+    """read_host() with the cgroup limit refreshed on this call (as every 2 s of the sampler)."""
+    from vramlab.probes import cgroup
+    from vramlab.probes.host import read_host
+
+    cgroup.CGROUP._limit_time = -float("inf")
+    return read_host()
 
 
 def psutil_equivalent() -> None:
@@ -105,11 +151,14 @@ def main() -> None:
     from vramlab.probes.nvml import read_nvml
 
     _FLOOR_FILES[:] = floor_files()
+    _LIMIT_FILES[:] = limit_files()
     fns: dict[str, Callable[[], object]] = {
         "floor (/proc reads)": floor,
         "vramlab read_host()": read_host,
         "vramlab snapshot()": vramlab.snapshot,
         "psutil equivalent": psutil_equivalent,
+        "floor + limit refresh": floor_with_refresh,
+        "read_host() + refresh": read_host_with_refresh,
     }
     for fn in fns.values():  # warm up (NVML lookup, cgroup resolution)
         fn()
@@ -121,8 +170,13 @@ def main() -> None:
     print(f"{'reading':<26}{'median us':>11}{'x floor':>9}")
     for k, v in res.items():
         print(f"{k:<26}{v:>11.1f}{v / f:>9.2f}")
-    print(f"floor files: {', '.join(_FLOOR_FILES)}")
-    below = [k for k, v in res.items() if v < f]
+    print(f"floor files: {', '.join(_FLOOR_FILES)}, and the children files of each task")
+    print(f"limit refresh (every 2 s of the sampler; the last two rows force it on every call, "
+          f"'read_host() + refresh' against 'floor + limit refresh'): {len(_LIMIT_FILES)} more files")
+    if "read_host() + refresh" in res:
+        print(f"read_host() + refresh: x{res['read_host() + refresh'] / res['floor + limit refresh']:.2f} "
+              "its own floor")
+    below = [k for k, v in res.items() if v < f and k != "floor + limit refresh"]
     if below:
         print(f"WARNING: {', '.join(below)} beat the floor: the floor is not the fastest read")
     print("peers: psutil (the real one)")
@@ -181,7 +235,9 @@ def main() -> None:
             if res[ours] < res[raw]:
                 print(f"WARNING: {ours} beat its floor ({raw})")
     else:
-        print(f"\nGPU part: not run ({nv.reason})")
+        from vramlab.display.words import note_text
+
+        print(f"\nGPU part: not run ({note_text(nv.reason)})")
 
     ms = load_ext_ms(7)
     print(f"\n%load_ext vramlab in a fresh interpreter: median {statistics.median(ms):.1f} ms "
