@@ -119,7 +119,7 @@ def bench(fns: dict[str, Callable[[], object]], rounds: int, inner: int) -> dict
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def load_ext_ms(runs: int) -> list[float]:
+def load_ext_ms(runs: int, cached: bool = True) -> list[float]:
     code = ("import time\n"
             "from IPython.testing.globalipapp import start_ipython\n"
             "ip = start_ipython()\n"
@@ -127,9 +127,26 @@ def load_ext_ms(runs: int) -> list[float]:
             "ip.run_line_magic('load_ext', 'vramlab')\n"
             "t1 = time.perf_counter()\n"
             "import sys; print((t1 - t0) * 1000, 'torch' in sys.modules)\n")
+    import tempfile
+
+    out = []
+    with tempfile.TemporaryDirectory() as prefix:
+        # cached: bytecode written once (a discarded first run) and read after, as an installed
+        # package has it; uncached: every module compiled, as with PYTHONDONTWRITEBYTECODE and no cache
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = prefix
+        if cached:
+            subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+        else:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        out = _load_ext_runs(code, runs, env)
+    return out
+
+
+def _load_ext_runs(code: str, runs: int, env: dict[str, str]) -> list[float]:
     out = []
     for _ in range(runs):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
         ms, torch_loaded = r.stdout.split()
         assert torch_loaded == "False"
         out.append(float(ms))
@@ -239,9 +256,12 @@ def main() -> None:
 
         print(f"\nGPU part: not run ({note_text(nv.reason)})")
 
-    ms = load_ext_ms(7)
-    print(f"\n%load_ext vramlab in a fresh interpreter: median {statistics.median(ms):.1f} ms "
-          f"(min {min(ms):.1f}, max {max(ms):.1f}, 7 runs; torch not imported)")
+    print()
+    for cached in (True, False):
+        ms = load_ext_ms(7, cached)
+        how = "bytecode cached" if cached else "no bytecode cache (every module compiled)"
+        print(f"%load_ext vramlab in a fresh interpreter, {how}: median {statistics.median(ms):.1f} ms "
+              f"(min {min(ms):.1f}, max {max(ms):.1f}, 7 runs; torch not imported)")
 
 
 if __name__ == "__main__":

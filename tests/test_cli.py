@@ -240,3 +240,60 @@ def test_sigterm_inside_a_probes_except_exception_still_stops_the_watch():
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert "KEPT RUNNING" not in r.stdout, r.stdout
     assert r.returncode == 0 and "STATUS 0 READINGS 1" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+class _Render:
+    """A stand-in for the CLI's output: runs ``steps`` in turn (a callable, or an OSError to
+    raise), then stops the watch as a SIGTERM handler would."""
+
+    def __init__(self, path, steps):
+        self.path, self.steps, self.calls = path, list(steps), 0
+
+    def __call__(self):
+        from vramlab import cli
+
+        self.calls += 1
+        step = self.steps.pop(0) if self.steps else None
+        if step is None:
+            cli._TERMINATED.set()
+            return None
+        if isinstance(step, BaseException):
+            raise step
+        return step()
+
+
+def _args(**kw):
+    import argparse
+
+    return argparse.Namespace(**{"watch": 0.01, "json": False, **kw})
+
+
+def test_a_sigterm_whose_exception_was_lost_still_stops_the_watch():
+    """CPython drops an exception that a signal handler raises while it compiles a lazily
+    imported module (hardening, finding 2): the handler's flag stops the loop anyway."""
+    from vramlab import cli
+
+    def handler_whose_exception_vanished():
+        cli._TERMINATED.set()  # what _terminated does before it raises
+        return None
+
+    render = _Render(None, [handler_whose_exception_vanished, lambda: None, lambda: None])
+    assert cli._run(render, _args()) == 0
+    assert render.calls == 1, "no reading after the signal"
+
+
+def test_a_full_disk_keeps_the_exporter_running_says_so_once_and_recovers(tmp_path, capsys):
+    """--prometheus FILE --watch on a momentarily full disk (hardening, finding 4): the old file
+    stays, one line says so, the exporter tries again and says when it writes again."""
+    import errno
+
+    from vramlab import cli
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    path = str(tmp_path / "vram.prom")
+    render = _Render(path, [full, full, full, lambda: None])
+    assert cli._run(render, _args()) == 0
+    err = capsys.readouterr().err
+    assert err.count("No space left on device") == 1 and "kept" in err
+    assert err.count("is written again") == 1
+    assert render.calls == 5

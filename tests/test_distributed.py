@@ -467,3 +467,24 @@ def test_a_rank_out_of_step_makes_rank_zero_raise_one_clear_error():
         assert (name, is_runtime_error) == ("RanksOutOfStep", True)
         assert "what rank 1 sent is not a report" in msg and "the ranks are out of step" in msg
         assert "\n" not in msg
+
+
+def test_a_peer_s_strings_are_shown_never_obeyed():
+    """A host name with a newline forged a row, and ANSI escapes reached the terminal
+    (hardening, finding 5): the table shows them escaped, in text and in HTML."""
+    from vramlab.distributed import DistributedReport, RankReport
+
+    def rank(r, host, device="cpu"):
+        return RankReport(rank=r, local_rank=r, hostname=host, pid=100 + r, device=device, device_name=None, uuid=None,
+                          peak=2**20, allocated=2**20, reserved=None, host_rss=2**30, host_peak=2**30, time=0.0)
+
+    evil = "node\n| 9 | 9 | forged | 1 | cpu |\x1b[2J\x1b[31m\u202e"
+    rep = DistributedReport(ranks=(rank(0, "node-0"), rank(1, evil, device="cuda:0\x1b[0m")), backend="gloo")
+    text = rep.text()
+    assert "\x1b" not in text and "\u202e" not in text
+    assert len(text.splitlines()) == len(DistributedReport(ranks=(rank(0, "a"), rank(1, "b")), backend="gloo")
+                                         .text().splitlines()), "no forged row"
+    assert "node\\n| 9 |" in text and "\\x1b[2J" in text and "\\u202e" in text  # what was sent, visible
+    html = rep.html()
+    assert "\x1b" not in html and "\n| 9 |" not in html
+    assert rep.ranks[1].hostname == evil  # the data keeps what the peer sent

@@ -159,3 +159,14 @@ def test_without_nvml_the_torch_only_checks_still_run(monkeypatch):
     for name in st.CHECKS[2:]:
         assert checks[name].status == "SKIP" and "torch.cuda is not available" in checks[name].detail, checks[name]
     assert "NVML refused" in checks[st.CHECKS[0]].detail
+
+
+def test_selftest_help_is_help_and_a_bad_argument_is_one_line():
+    """python -m vramlab.selftest --help ran the checks (hardening, small lies)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "vramlab.selftest", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "PASS/FAIL" in r.stdout and "self-check ·" not in r.stdout
+    r = subprocess.run([sys.executable, "-m", "vramlab.selftest", "--bogus"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr and "Traceback" not in r.stderr

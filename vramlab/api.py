@@ -67,9 +67,13 @@ def monitors() -> list[Any]:
     return [m for m in _MONITORS if not m.closed]
 
 
-def stop() -> None:
-    """Stop the sampler; every monitor freezes on its last reading and says so."""
-    get_sampler().stop()
+def stop() -> bool:
+    """Stop the sampler; every monitor freezes on its last reading and says so. Returns whether
+    it was running (``False``: there was nothing to stop)."""
+    s = get_sampler()
+    running = s.running
+    s.stop()
+    return running
 
 
 def last() -> Optional[CellRecord]:

@@ -29,8 +29,8 @@ import argparse
 import contextlib
 import json
 import signal
+import threading
 import sys
-import time
 from typing import Iterator, Optional, Sequence
 
 from ._extras import MissingExtra, require_prometheus_client
@@ -159,12 +159,33 @@ def _run(render: _Output, args: argparse.Namespace) -> int:
         if out is not None:
             print(out)
         return 0
+    _TERMINATED.clear()
     previous = signal.signal(signal.SIGTERM, _terminated)
     printed = False
+    failing: Optional[str] = None  # why the exporter's file cannot be written now (said once)
     try:
         tty = sys.stdout.isatty() and not args.json
-        while True:
-            out = render()
+        # the flag is checked as well as the exception raised: CPython drops an exception that a
+        # signal handler raises while it compiles a lazily imported module, and the watch must stop
+        while not _TERMINATED.is_set():
+            try:
+                out = render()
+            except OSError as e:
+                if render.path is None or isinstance(e, BrokenPipeError):
+                    raise
+                # a full disk, a lost mount: the old file stays whole (the writer is atomic); say so
+                # once, and try again at the next refresh
+                why = str(e.strerror or e)
+                if why != failing:
+                    print(tr("cannot write {target}: {why}; the last file written is kept, and vramlab tries "
+                             "again every {seconds} s", target=repr(render.path), why=why,
+                             seconds=f"{args.watch:g}"), file=sys.stderr, flush=True)
+                failing = why
+                out = None
+            else:
+                if failing is not None and render.path is not None:
+                    print(tr("{target} is written again", target=repr(render.path)), file=sys.stderr, flush=True)
+                    failing = None
             if out is not None:
                 if tty:
                     sys.stdout.write("\x1b[H\x1b[2J" + out + "\n")
@@ -172,13 +193,14 @@ def _run(render: _Output, args: argparse.Namespace) -> int:
                     sys.stdout.write(out + "\n")
                 sys.stdout.flush()
                 printed = True
-            time.sleep(args.watch)
+            _TERMINATED.wait(args.watch)
     except (KeyboardInterrupt, _Terminated):
-        if printed and sys.stdout.isatty():
-            sys.stdout.write("\n")
-        return 0
+        pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if printed and sys.stdout.isatty():
+        sys.stdout.write("\n")
+    return 0
 
 
 class _Terminated(BaseException):
@@ -189,5 +211,10 @@ class _Terminated(BaseException):
     """
 
 
+#: set by the SIGTERM handler; the watch loop checks it (see :func:`_run`)
+_TERMINATED = threading.Event()
+
+
 def _terminated(signum: int, frame: object) -> None:
+    _TERMINATED.set()
     raise _Terminated()

@@ -135,6 +135,16 @@ _COLUMNS: tuple[tuple[str, str, bool], ...] = (
 _RIGHT = {"rank", "local_rank", "pid", "peak", "allocated", "reserved", "host_rss", "host_peak"}
 
 
+def printable(text: str) -> str:
+    """``text`` as a table may show it: every control or format character (a newline that would
+    forge a row, an ANSI escape that would clear the screen, a bidirectional override) written
+    as its escape (``\\n``, ``\\x1b``, ``\\u202e``). Peers send their host and device names;
+    their strings are shown, never obeyed."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def _header(name: str) -> str:
     """A column's header (:data:`_COLUMNS`) in the current language."""
     words = {"rank": tr("rank"), "local_rank": tr("local"), "hostname": tr("host"), "device": tr("device"),
@@ -173,7 +183,7 @@ class DistributedReport:
             row = []
             for name, _, is_size in cols:
                 v = getattr(r, name)
-                row.append(na if v is None else format_bytes(v) if is_size else str(v))
+                row.append(na if v is None else format_bytes(v) if is_size else printable(str(v)))
             rows.append(row)
         return cols, rows
 
@@ -187,7 +197,7 @@ class DistributedReport:
         top = self.max_peak()
         if top is None:
             return tr("no rank knows a device peak (CPU-only ranks)")
-        return tr("highest device peak: rank {rank} ({device}), {peak}", rank=top.rank, device=top.device,
+        return tr("highest device peak: rank {rank} ({device}), {peak}", rank=top.rank, device=printable(top.device),
                   peak=format_bytes(top.peak))
 
     def text(self) -> str:

@@ -350,7 +350,17 @@ def table(checks: Sequence[Check]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Print the PASS/FAIL table; exit 1 when a check failed."""
+    """Print the PASS/FAIL table; exit 1 when a check failed (``--help``: what it checks; any
+    other argument: one line and exit status 2)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m vramlab.selftest",
+        description="Run every GPU-dependent path of vramlab on this machine and print a PASS/FAIL table "
+                    "(NVML against nvidia-smi, cuda:i against torch's UUIDs, a 1 GiB allocation, free memory "
+                    "against mem_get_info, estimate() against torch's peaks). Without a GPU every check is SKIP "
+                    "and the exit status is 0; it is 1 when a check FAILs.")
+    parser.parse_args(sys.argv[1:] if argv is None else argv)
     print(f"vramlab self-check · python {sys.version.split()[0]} · pid {os.getpid()}")
     checks = run_checks(log=lambda s: None)
     print()

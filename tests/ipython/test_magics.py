@@ -539,11 +539,13 @@ def test_the_magic_speaks_portuguese(ip, speak):
         ip.run_line_magic("vram", "auto off")
         ip.run_line_magic("vram", "stop")
     assert cap.stdout.splitlines() == ["[vramlab] registros por célula ligados (contadores de pico mantidos)",
-                                       "[vramlab] registros por célula desligados", "[vramlab] amostrador parado"]
+                                       "[vramlab] registros por célula desligados",
+                                       "[vramlab] o amostrador não estava rodando: não há o que parar "
+                                       "(%vram watch o inicia)"]
     speak("en")
     with capture_output() as cap:
         ip.run_line_magic("vram", "stop")
-    assert cap.stdout == "[vramlab] sampler stopped\n"
+    assert cap.stdout == "[vramlab] the sampler was not running: nothing to stop (%vram watch starts it)\n"
 
 
 def test_watch_shows_the_monitors_name_in_the_notebooks_language(ip, speak):
@@ -588,3 +590,21 @@ def test_a_virtual_card_entered_inside_the_cell_is_measured_by_its_record(ip, mo
         with capture_output():
             ip.run_line_magic("vram", "auto off")
             ip.run_line_magic("vram", "free")
+
+
+def test_stop_says_so_only_when_something_ran(ip):
+    """%vram stop said "sampler stopped" when nothing ran (hardening, small lies)."""
+    from IPython.utils.capture import capture_output
+
+    from vramlab.runtime.sampler import get_sampler
+
+    ip.run_line_magic("load_ext", "vramlab")
+    get_sampler().stop()
+    with capture_output() as out:
+        ip.run_line_magic("vram", "stop")
+    assert "nothing to stop" in out.stdout and "sampler stopped" not in out.stdout
+    with capture_output():
+        ip.run_line_magic("vram", "watch --interval 5")
+    with capture_output() as out:
+        ip.run_line_magic("vram", "stop")
+    assert "sampler stopped" in out.stdout

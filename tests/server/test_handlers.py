@@ -242,3 +242,31 @@ async def test_a_hung_reading_serves_the_last_one_marked_stale(jp_fetch, jp_serv
         assert data["stale"] is True and any("stale" in n for n in data["notes"])
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit, MemoryError, RecursionError])
+async def test_any_exception_in_the_reading_leaves_the_server_serving(jp_fetch, jp_serverapp, monkeypatch, raised):
+    """A KeyboardInterrupt or SystemExit raised in the reading thread used to leave asyncio's
+    event loop at the handler's await and stop the whole server (hardening, finding 5)."""
+    from vramlab.server import readings
+
+    await reading(jp_fetch)  # a first reading, to fall back on
+    jp_serverapp.web_app.settings["vramlab_service"].min_interval = 0.0
+
+    def broken(kernels, uss=False):
+        raise raised()
+
+    monkeypatch.setattr(readings, "read_kernels", broken)
+    if raised in (KeyboardInterrupt, SystemExit):
+        data = await reading(jp_fetch)
+        assert data["stale"] is True and any(raised.__name__ in n for n in data["notes"])
+    else:
+        from tornado.httpclient import HTTPClientError
+
+        with pytest.raises(HTTPClientError) as e:  # an ordinary error: a 500 for this request only
+            await reading(jp_fetch)
+        assert e.value.code == 500
+    monkeypatch.undo()
+    r = await jp_fetch("api", "status")
+    assert r.code == 200  # the server lives
+    assert "stale" not in await reading(jp_fetch)

@@ -160,8 +160,10 @@ class VramMagics(Magics):
     def _cmd_stop(self, args: Any) -> None:
         from .. import api
 
-        api.stop()
-        print(tr("[vramlab] sampler stopped"))
+        if api.stop():
+            print(tr("[vramlab] sampler stopped"))
+        else:
+            print(tr("[vramlab] the sampler was not running: nothing to stop (%vram watch starts it)"))
 
     def _cmd_auto(self, args: Any) -> None:
         if len(args.rest) != 1 or args.rest[0] not in ("on", "off"):

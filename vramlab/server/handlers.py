@@ -3,7 +3,9 @@
 ``GET <base_url>/vramlab/kernels[?uss=1]``: every running kernel's memory, as
 :func:`vramlab.server.readings.read_kernels` describes it, plus the refresh ``interval`` (seconds)
 the frontend polls at. Authenticated and authorized as reading the ``kernels`` resource, as
-Jupyter's own kernel API is. The reading runs on a worker thread, so a slow ``/proc`` or a
+Jupyter's own kernel API is; each kernel's notebook path is given only to a user the server's
+authorizer also lets read ``sessions`` and ``contents`` (as ``/api/sessions`` gives it), else it
+is ``null``. The reading runs on a worker thread, so a slow ``/proc`` or a
 hung NVML call never blocks the server's event loop, and it is cached for
 ``VramlabLab.min_interval`` seconds, so that many tabs cost one reading.
 """
@@ -11,6 +13,7 @@ hung NVML call never blocks the server's event loop, and it is cached for
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
@@ -24,7 +27,7 @@ from . import ENDPOINT
 from .config import VramlabLab
 from .readings import KernelMemoryService, KernelRef
 
-__all__ = ["KernelsMemoryHandler", "setup_handlers", "kernel_refs"]
+__all__ = ["KernelsMemoryHandler", "setup_handlers", "kernel_refs", "reply", "without_paths"]
 
 # one thread for the readings: they are serialised by the service anyway, and a hung one ties up
 # this thread, not the server's shared executor
@@ -86,16 +89,40 @@ async def kernel_refs(kernel_manager: Any, session_manager: Any) -> list[KernelR
 
 
 
-def reply(data: dict[str, Any], settings: Any, stale: bool = False) -> dict[str, Any]:
+def reply(data: dict[str, Any], settings: Any, stale: bool = False, why: str = "") -> dict[str, Any]:
     """What ``GET <base_url>/vramlab/kernels`` answers (``IReading`` in ``src/format.ts``, which
     ``tests/server/test_wire.py`` holds to this): a reading (:func:`~vramlab.server.readings.read_kernels`)
     with the refresh ``interval`` (seconds) and ``warn_fraction`` from ``settings``; ``stale``
-    marks a reading served again because the latest took over ``settings.read_timeout`` seconds."""
+    marks a reading served again because the latest took over ``settings.read_timeout`` seconds
+    (or, ``why``, did not finish for another reason)."""
     if stale:
-        data = {**data, "stale": True,
-                "notes": list(data["notes"]) + [f"this reading is stale: the latest one took over "
-                                                f"{settings.read_timeout:g} s"]}
+        why = why or f"the latest one took over {settings.read_timeout:g} s"
+        data = {**data, "stale": True, "notes": list(data["notes"]) + [f"this reading is stale: {why}"]}
     return {**data, "interval": settings.refresh_interval, "warn_fraction": settings.warn_fraction}
+
+class ReadingInterrupted(RuntimeError):
+    """A ``BaseException`` that is not an ordinary error (``KeyboardInterrupt``, ``SystemExit``)
+    raised inside the reading thread, carried to the request as an ordinary error: re-raised at
+    the handler's ``await``, it would leave asyncio's event loop and stop the whole server."""
+
+
+def guarded_read(service: KernelMemoryService, refs: list[KernelRef], uss: bool) -> dict[str, Any]:
+    """``service.read(refs, uss)`` on the reading thread; a ``BaseException`` other than an
+    ``Exception`` comes out as :class:`ReadingInterrupted` (the server's own shutdown does not
+    pass through this thread: it stops the event loop, which waits for no reading)."""
+    try:
+        return service.read(refs, uss)
+    except Exception:
+        raise
+    except BaseException as e:
+        raise ReadingInterrupted(f"was interrupted by {type(e).__name__}") from None
+
+
+def without_paths(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with every kernel's notebook path left out (``null``): for a user who may read
+    kernels but not sessions or contents, to whom Jupyter's own API shows no path either."""
+    return {**out, "kernels": [{**row, "path": None} for row in out["kernels"]]}
+
 
 class KernelsMemoryHandler(APIHandler):
     """``GET``: each kernel's memory (JSON, sizes in bytes, times in seconds)."""
@@ -106,22 +133,37 @@ class KernelsMemoryHandler(APIHandler):
         self.service = service
         self.lab_settings = settings
 
+    async def _may(self, action: str, resource: str) -> bool:
+        """Whether the server's authorizer lets this request's user do ``action`` on ``resource``
+        (an authorizer that fails says no)."""
+        try:
+            allowed = self.authorizer.is_authorized(self, self.current_user, action, resource)
+            if inspect.isawaitable(allowed):
+                allowed = await allowed
+            return bool(allowed)
+        except Exception:
+            return False
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
         uss = self.get_argument("uss", "0").lower() in ("1", "true", "yes")
         refs = await kernel_refs(self.kernel_manager, self.settings.get("session_manager"))
-        future = _EXECUTOR.submit(self.service.read, refs, uss)
+        future = _EXECUTOR.submit(guarded_read, self.service, refs, uss)
         try:
             data = await asyncio.wait_for(asyncio.wrap_future(future), timeout=self.lab_settings.read_timeout)
-        except asyncio.TimeoutError:
-            # a hung read (NVML, /proc) never blocks the server: serve the last reading, marked stale
+        except (asyncio.TimeoutError, ReadingInterrupted) as e:
+            # a hung read (NVML, /proc) never blocks the server, and an interrupted one never stops
+            # it: serve the last reading, marked stale
             last = self.service.last
             if last is None:
                 raise web.HTTPError(503, "vramlab: the first reading has not finished") from None
-            out = reply(last, self.lab_settings, stale=True)
+            out = reply(last, self.lab_settings, stale=True,
+                        why=f"the latest one {e}" if isinstance(e, ReadingInterrupted) else "")
         else:
             out = reply(data, self.lab_settings)
+        if not (await self._may("read", "sessions") and await self._may("read", "contents")):
+            out = without_paths(out)
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(out))
 
