@@ -87,3 +87,14 @@ def test_a_gpu_nvml_cannot_read_says_why_in_text_and_html(nvml_sim):
     s = vramlab.snapshot()
     why = "NVML cannot read this device: the GPU is lost"
     assert why in snapshot_text(s) and why in snapshot_html(s)
+
+
+def test_a_freed_count_is_never_a_negative_size():
+    """%vram free reported "-3.00 MiB" freed when RSS rose meanwhile (hardening, small lies)."""
+    from vramlab.model import FreedDevice, FreedReport
+
+    text = FreedReport(host=-3 * 2**20, devices=(FreedDevice("cuda:0", 2**30, -2**20),)).text()
+    assert "-" not in text.replace("[vramlab]", "").replace("cuda:0", "")
+    assert "host RSS nothing (it rose by 3.00 MiB meanwhile)" in text
+    assert "allocated 1.00 GiB, reserved nothing (it rose by 1.00 MiB meanwhile)" in text
+    assert "freed: host RSS 2.00 MiB" in FreedReport(host=2 * 2**20).text()

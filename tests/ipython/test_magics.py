@@ -608,3 +608,19 @@ def test_stop_says_so_only_when_something_ran(ip):
     with capture_output() as out:
         ip.run_line_magic("vram", "stop")
     assert "sampler stopped" in out.stdout
+
+
+def test_vram_commands_are_not_rows_of_the_history(ip):
+    """Every mistyped %vram line became a row in %vram history (hardening, small lies): a cell
+    of %vram commands is vramlab's own, and auto mode keeps no record of it."""
+    import vramlab
+
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        ip.run_cell("%vram auto on", store_history=True)
+        before = len(vramlab.history().cells)
+        ip.run_cell("%vram bogus", store_history=True)
+        ip.run_cell("%vram history", store_history=True)
+        ip.run_cell("x_for_history = 1", store_history=True)
+        ip.run_cell("%vram auto off", store_history=True)
+    assert len(vramlab.history().cells) == before + 1  # the user's cell only

@@ -315,12 +315,20 @@ def _consumer_lines(consumers: Any, indent: str = "    ") -> list[str]:
     return [f"{indent}{c.name:<16}{_kind(c.kind):<18}{format_bytes(c.nbytes):>12}  {c.devices}" for c in consumers]
 
 
+def _freed(n: int) -> str:
+    """A freed byte count in words: never a negative size. Memory that rose meanwhile (the host's
+    allocator keeps what Python frees, a thread allocated) is said as such."""
+    if n >= 0:
+        return format_bytes(n)
+    return tr("nothing (it rose by {size} meanwhile)", size=format_bytes(-n))
+
+
 def freed_text(f: FreedReport) -> str:
     """What ``%vram free`` returned: one line per layer, what it released and what still holds tensors."""
-    lines = [tr("[vramlab] freed: host RSS {size}", size=format_bytes(f.host))]
+    lines = [tr("[vramlab] freed: host RSS {size}", size=_freed(f.host))]
     for d in f.devices:
-        lines.append(f"  {d.id}: " + tr("allocated {allocated}, reserved {reserved}", allocated=format_bytes(d.allocated),
-                                        reserved=format_bytes(d.reserved)))
+        lines.append(f"  {d.id}: " + tr("allocated {allocated}, reserved {reserved}", allocated=_freed(d.allocated),
+                                        reserved=_freed(d.reserved)))
     if f.cleared:
         lines.append("  " + tr("dropped: {what}", what=", ".join(f.cleared)))
     if f.released:

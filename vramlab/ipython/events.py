@@ -69,6 +69,13 @@ def cell_number(shell: Any, info: Any = None) -> Optional[int]:
     return count if isinstance(count, int) else None
 
 
+def _only_vram_lines(raw: str) -> bool:
+    """Whether a cell is nothing but ``%vram`` commands (``%vram history``, a mistyped ``%vram
+    bogus``): vramlab's own, not the user's work, so auto mode keeps no record of it."""
+    lines = [line.strip() for line in raw.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return bool(lines) and all(line.startswith("%vram") and not line.startswith("%%") for line in lines)
+
+
 def code_key(shell: Any, raw: str, count: Optional[int] = None) -> Optional[str]:
     """The :func:`~vramlab.runtime.cells.cell_key` of a cell's code as IPython runs it (its
     magics and shell escapes turned into calls), or of the raw text when that fails. After the
@@ -153,7 +160,7 @@ class CellEvents:
             if sampler is not None and sampler.running:
                 sampler.mark(MarkerKind.CELL, count)
             raw = getattr(info, "raw_cell", "") or ""
-            if self.auto and not raw.lstrip().startswith("%%vram"):
+            if self.auto and not raw.lstrip().startswith("%%vram") and not _only_vram_lines(raw):
                 from ..runtime.records import get_recorder
 
                 self._raw = raw  # its key is made when it has run, from IPython's history (code_key)
