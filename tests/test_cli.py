@@ -18,6 +18,8 @@ def test_prints_text_table():
     r = cli()
     assert r.returncode == 0
     assert "host" in r.stdout and "this process" in r.stdout and "iB" in r.stdout
+    # in a terminal "this process" is the command itself: it says so (hardening, small lies)
+    assert "this process is the vramlab command itself" in r.stdout
 
 
 def test_the_human_text_speaks_vramlab_lang_and_the_json_stays_english():

@@ -120,7 +120,9 @@ class _Output:
             d = snap.to_dict()
             d["notes"] = [note_dict(n) for n in snap.notes]
             return json.dumps(d)
-        return snapshot_text(snap)
+        return snapshot_text(snap) + "\n" + tr("(this process is the vramlab command itself: a kernel's own memory "
+                                              "is read in the kernel, with %vram, or for every kernel in "
+                                              "JupyterLab's status bar)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

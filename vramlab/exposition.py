@@ -118,7 +118,8 @@ class SnapshotCollector:
         h = snap.host
         host = family("vramlab_host_layer_bytes",
                       "Host memory by vramlab layer against the effective limit, in bytes; the layers add "
-                      "up to vramlab_host_limit_bytes", ("pid", "layer"))
+                      "up to vramlab_host_limit_bytes. The 'process' layer is the process of label pid: "
+                      "for python -m vramlab --prometheus, the exporter itself", ("pid", "layer"))
         for key, n in h.layers:
             host.add_metric([pid, key] + extra_values, float(n))
         yield host
