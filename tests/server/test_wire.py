@@ -1,6 +1,6 @@
 """The server's JSON and the frontend's types are one contract: what ``GET /vramlab/kernels``
 answers (:func:`vramlab.server.handlers.reply` over a real reading) has exactly the fields that
-``IReading``, ``IKernelRow`` and ``IDevice`` in ``src/format.ts`` declare, each of the declared
+``IReading``, ``IKernelRow`` and ``IDevice`` in ``src/wire.ts`` declare, each of the declared
 type. A field added on one side only fails here."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _check_object(value, fields: dict[str, tuple[bool, str]], types: dict, where
 
 @pytest.mark.parametrize("stale", [False, True])
 def test_the_server_s_answer_is_the_frontend_s_ireading(nvml_sim, sleeper, stale):
-    types = _interfaces((ROOT / "src" / "format.ts").read_text())
+    types = _interfaces((ROOT / "src" / "wire.ts").read_text())
     assert {"IReading", "IKernelRow", "IDevice"} <= set(types)
     nvml_sim(machine(gpu(0, procs=[{"pid": sleeper, "mem": 1 * GiB}, {"pid": "hidden", "mem": 1 * GiB}]),
                      gpu(1, lost=True)))

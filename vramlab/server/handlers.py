@@ -90,7 +90,7 @@ async def kernel_refs(kernel_manager: Any, session_manager: Any) -> list[KernelR
 
 
 def reply(data: dict[str, Any], settings: Any, stale: bool = False, why: str = "") -> dict[str, Any]:
-    """What ``GET <base_url>/vramlab/kernels`` answers (``IReading`` in ``src/format.ts``, which
+    """What ``GET <base_url>/vramlab/kernels`` answers (``IReading`` in ``src/wire.ts``, which
     ``tests/server/test_wire.py`` holds to this): a reading (:func:`~vramlab.server.readings.read_kernels`)
     with the refresh ``interval`` (seconds) and ``warn_fraction`` from ``settings``; ``stale``
     marks a reading served again because the latest took over ``settings.read_timeout`` seconds
