@@ -117,6 +117,13 @@ def test_status_bar_and_side_panel_in_jupyterlab(browser, server):
         open_notebook(p, server, "/lab/tree/train.ipynb", "train.ipynb")
         status = page.locator(".vramlab-StatusItem")
         expect(status).to_have_text(KERNEL_STATUS, timeout=30_000)
+        # its text sits on the line of its neighbours' text (it sat 4 px higher: hardening, display nits)
+        middle = ("e => { const r = document.createRange(); r.selectNodeContents(e); "
+                  "const b = r.getBoundingClientRect(); return b.top + b.height / 2; }")
+        neighbour = page.locator(".jp-StatusBar-TextItem:visible").first
+        offset = status.evaluate(middle) - neighbour.evaluate(middle)
+        log["text_offset_px"] = offset
+        assert abs(offset) <= 1, f"the status item's text is {offset:+.1f} px off its neighbours' line"
         interval = api(server, "/vramlab/kernels")["interval"]  # type: ignore[index]
         # JupyterLab names a new session by a temporary path and renames it a moment later: the
         # tooltip names the notebook from the next reading on
