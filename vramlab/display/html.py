@@ -20,18 +20,18 @@ from .text import children_extra, device_labels, host_labels, oom_text, unreadab
 
 __all__ = ["snapshot_html", "html_bar", "record_html", "oom_html", "COLOURS"]
 
-#: Fill colour of each layer.
+#: Fill colour of each layer. Red is kept for what needs attention (a bar near its limit, an error).
 COLOURS: dict[str, str] = {
     "tensors": "#4e79a7",
     "torch_cache": "#76b7b2",
     "context": "#f28e2b",
     "children": "#a0cbe8",
     "unattributed": "#b07aa1",
-    "other_processes": "#e15759",
+    "other_processes": "#bab0ac",  # grey, not red: other processes and page cache are no alarm
     "driver_reserved": "#9c755f",
     "free": "rgba(127,127,127,0.18)",
     "process": "#4e79a7",
-    "others": "#e15759",
+    "others": "#bab0ac",
     "out_of_reach": "#9c755f",
     "available": "rgba(127,127,127,0.18)",
 }
