@@ -161,3 +161,49 @@ def test_requests_that_wait_for_a_slow_reading_are_served_it(nvml_sim, sleeper, 
     for t in threads:
         t.join()
     assert s.readings == 1 and len({g["time"] for g in got}) == 1
+
+
+def test_a_server_running_as_another_user_reads_a_kernel_it_cannot_fully_read(sleeper, nvml_sim):
+    """A server run by an unprivileged user, reading a kernel of another user (root here): the
+    kernel is running, with its RSS, and its USS (which needs the owner's permission) is unknown,
+    never a wrong figure and never "gone" (hardening, finding 8). The reading runs in a child
+    forked from this process that drops to the user 'nobody' (the interpreter is already loaded:
+    it may live where that user cannot read). Skips where that cannot be done."""
+    import json
+    import os
+    import pwd
+
+    import psutil  # noqa: F401 - loaded before the child drops its rights
+
+    if os.geteuid() != 0 or not hasattr(os, "fork"):
+        pytest.skip("switching to another user needs root and fork")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no unprivileged user 'nobody' here")
+    nvml_sim(machine(gpu(0)))
+    read_kernels([KernelRef("warm", os.getpid(), "python3")], uss=True)  # every lazy import done here
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, read, write the row, exit without cleanup
+        try:
+            os.close(rfd)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            row = read_kernels([KernelRef("k", sleeper, "python3", "a.ipynb")], uss=True)["kernels"][0]
+            os.write(wfd, json.dumps({"uid": os.getuid(), "row": row}).encode())
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            os.write(wfd, json.dumps({"error": repr(e)}).encode())
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as f:
+        got = json.loads(f.read() or b"{}")
+    os.waitpid(pid, 0)
+    assert "error" not in got, got
+    assert got["uid"] == nobody.pw_uid
+    row = got["row"]
+    assert row["state"] == "running" and row["pid"] == sleeper
+    assert row["rss"] and row["rss"] > 0
+    assert row["uss"] is None  # another user's USS cannot be read: unknown, not 0
