@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
 from tests.driver_scenarios import GiB, MiB, gpu, machine
 from vramlab.server.readings import KernelMemoryService, KernelRef, read_kernels
