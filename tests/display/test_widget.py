@@ -387,3 +387,25 @@ def test_the_monitor_says_swap_is_missing_and_the_sampling_error_in_portuguese(s
         assert "stopped (stopped after 3 failed readings: OSError: cgroup vanished)" in m._status_html(stopped=True)
     finally:
         m.close()
+
+
+def test_a_small_process_on_a_large_machine_shows_its_rise():
+    """The sparkline was scaled to the whole machine's use, so a 600 MB rise on a host half used
+    barely showed (hardening, display nits): the scale follows this process (and the devices),
+    and the host's whole use, above it, runs along the top and says how high it went."""
+    import re
+
+    from vramlab.display.sparkline import sparkline_svg
+    from vramlab.model import Sample
+
+    GiB = 2**30
+    now = 1000.0
+    samples = [Sample(time=now - 20 + i, rss=(200 * MiB if i < 10 else 800 * MiB), peak=None, host_used=12 * GiB,
+                      available=12 * GiB, limit=24 * GiB, swap_used=0, swap_in=0, swap_out=0, devices=())
+               for i in range(20)]
+    svg = sparkline_svg(samples, [], now)
+    assert "0–5% of capacity" in svg  # 800 MiB of 24 GiB is 3.3 %
+    assert "host used (above the scale, up to 50%)" in svg
+    rss = re.findall(r'<polyline [^>]*points="([^"]*)"', svg)[0]
+    ys = [float(p.split(",")[1]) for p in rss.split()]
+    assert max(ys) - min(ys) > 15  # the 600 MiB rise takes about half the height (under 2 px at 0–50 %)

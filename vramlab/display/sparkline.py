@@ -192,8 +192,9 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
 
     With less history than ``window_s`` the time axis spans what there is (at least
     :data:`MIN_SPAN_S`), so a new monitor does not squeeze its line into the right edge. The
-    y axis ends at the first of 1, 2, 5, 10, 20, 50, 100 % that holds every point, so a small
-    process on a large machine still shows its rises; the label says where it ends.
+    y axis ends at the first of 1, 2, 5, 10, 20, 50, 100 % that holds this process's and the
+    devices' points, so a small process on a large machine still shows its rises; the label says
+    where it ends, and the host's whole use, when above it, runs along the top and says how high it went.
     """
     win = samples if isinstance(samples, SampleWindow) else SampleWindow.of(samples, now, window_s)
     span = window_s
@@ -212,8 +213,11 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
                 continue
             series.append((label, _PALETTE[k % len(_PALETTE)], _downsample(list(kept), SPARK_POINTS)))
             k += 1
-    peak = max((f for _, _, pts in series for _, f in pts), default=0.0)
+    # the scale follows this process and the devices: the machine's whole use would squeeze a
+    # 600 MB rise on a large host flat; above the scale its line runs along the top, and says so
+    peak = max((f for label, _, pts in series if label != HOST_USED for _, f in pts), default=0.0)
     top = next((t for t in _Y_TOPS if peak <= t), 1.0)
+    used_peak = max((f for label, _, pts in series if label == HOST_USED for _, f in pts), default=0.0)
     plot_h = height - 16
 
     def y_of(f: float) -> float:
@@ -244,8 +248,11 @@ def sparkline_svg(samples: Any, markers: list[Any], now: float, window_s: float 
         if len(pts) >= 1:
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                          f'points="{" ".join(xy(t, f) for t, f in pts)}"/>')
+        name = _series_label(label)
+        if label == HOST_USED and used_peak > top:
+            name = tr("{line} (above the scale, up to {peak})", line=name, peak=f"{used_peak:.0%}")
         legend.append(f'<tspan fill="{colour}">■</tspan><tspan fill="currentColor"> '
-                      f'{_html.escape(_series_label(label))}  </tspan>')
+                      f'{_html.escape(name)}  </tspan>')
     caption = tr("· last {span}, 0–{top} of capacity", span=_span_label(span), top=f"{top:.0%}")
     parts.append(f'<text x="4" y="{height - 4}" font-size="10.5" fill="currentColor">'
                  f'{"".join(legend)}<tspan fill="currentColor" fill-opacity="0.8">{_html.escape(caption)}</tspan></text>')
