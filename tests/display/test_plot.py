@@ -91,3 +91,21 @@ def test_the_timeline_is_labelled_in_the_notebooks_language(recorded_history, sp
                                 ("limit", "limite"), ("seconds", "segundos")]:
         assert english in en and portuguese in pt, (english, portuguese)
         assert english not in pt
+
+
+def test_a_small_process_on_a_large_machine_fills_the_host_panel():
+    """%vram plot was scaled to the whole machine's use, so a 600 MB rise barely showed
+    (hardening, display nits): the host panel follows this process, and the machine's line says
+    it is above the scale."""
+    from vramlab.model import History, Sample
+
+    G = 2**30
+    samples = tuple(Sample(time=1000.0 + i, rss=(200 if i < 10 else 800) * 2**20, peak=None, host_used=12 * G,
+                           available=12 * G, limit=24 * G, swap_used=0, swap_in=0, swap_out=0, devices=())
+                    for i in range(20))
+    fig = plot_history(History(cells=(), samples=samples, markers=()))
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo == 0 and 800 / 1024 < hi < 1.0  # GiB: the 600 MiB rise spans most of the panel
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "used (scope) (above the scale, up to 12.0 GiB)" in legend and "limit" in legend

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..i18n import tr
+from .html import COLOURS
 from ..model import CellRecord, History
 
 __all__ = ["plot_history", "PNG_DPI", "MAX_LABELS"]
@@ -132,9 +133,19 @@ def plot_history(h: History, *, last_s: Optional[float] = None, last: Optional[i
     xs = [s.time - t0 for s in samples]
     ax = axes[0]
     ax.plot(xs, [s.rss / G for s in samples], label=tr("this process (RSS)"), color="#4e79a7")
-    ax.plot(xs, [s.host_used / G for s in samples], label=tr("used (scope)"), color="#e15759", alpha=0.7)
+    used_label = tr("used (scope)")
+    rss_top = max((s.rss for s in samples), default=0) / G
+    used_top = max((s.host_used for s in samples), default=0) / G
+    # the scale follows this process when the machine's whole use dwarfs it (a 600 MB rise on a
+    # large host would be flat): the machine's line and the limit are above it, and say so
+    zoom = bool(samples) and rss_top > 0 and used_top > 3 * rss_top
+    if zoom:
+        used_label = tr("{line} (above the scale, up to {peak})", line=used_label, peak=f"{used_top:.1f} GiB")
+    ax.plot(xs, [s.host_used / G for s in samples], label=used_label, color=COLOURS["others"])
     if samples:
         ax.axhline(samples[-1].limit / G, color="grey", ls="--", lw=1, label=tr("limit"))
+    if zoom:
+        ax.set_ylim(0, rss_top * 1.15)
     ax.set_ylabel(tr("host GiB"))
     ax.legend(loc="upper left", fontsize="small")
     per_device: dict[str, list[tuple[float, Any]]] = {id_: [] for id_ in ids}
