@@ -624,3 +624,22 @@ def test_vram_commands_are_not_rows_of_the_history(ip):
         ip.run_cell("x_for_history = 1", store_history=True)
         ip.run_cell("%vram auto off", store_history=True)
     assert len(vramlab.history().cells) == before + 1  # the user's cell only
+
+
+def test_a_syntax_error_in_a_vram_cell_shows_none_of_vramlab_s_frames(ip):
+    """A SyntaxError in a %%vram cell showed three of vramlab's frames and pointed at '<unknown>'
+    (hardening, small lies): it points at the cell's line, and its traceback holds only the magic's
+    own entry, as IPython's %%time shows its own."""
+    import traceback
+
+    ip.run_line_magic("load_ext", "vramlab")
+    with capture_output():
+        r = ip.run_cell("%%vram\nx = 1\ny = (\n", store_history=True)
+    e = r.error_in_exec
+    assert isinstance(e, SyntaxError)
+    ours = [f for f in traceback.extract_tb(e.__traceback__) if "vramlab" in f.filename]
+    assert [f.name for f in ours] == ["vram"], ours
+    assert e.lineno == 2 and "y = (" in (e.text or "") and e.filename != "<unknown>"
+    with capture_output():  # an error the code raises as it runs keeps its own frames
+        r = ip.run_cell("%%vram\nexec('(')\n", store_history=True)
+    assert isinstance(r.error_in_exec, SyntaxError)

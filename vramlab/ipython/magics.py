@@ -108,7 +108,14 @@ class VramMagics(Magics):
                 got = " ".join([*stray, *([args.command] if args.command else []), *args.rest])
                 raise UsageError(tr("%%vram takes only --keep-peaks and --uss, got {got}", got=repr(got))
                                  + f"\n{self._usage()}")
-            return self._cell(cell, keep_peaks=args.keep_peaks, uss=args.uss)
+            try:
+                return self._cell(cell, keep_peaks=args.keep_peaks, uss=args.uss)
+            except SyntaxError as e:
+                if not getattr(e, "_vramlab_cell", False):
+                    raise  # raised by the cell's code as it ran: its own frames stay
+                # the body does not parse: shown as a plain cell's syntax error, pointing at the
+                # cell's line, without vramlab's frames
+                raise e.with_traceback(None) from None
         command = args.command or "show"
         if command not in SUBCOMMANDS:
             raise UsageError(tr("unknown subcommand {command}; choose one of: {names}", command=repr(command),
@@ -351,12 +358,17 @@ def _run_code(shell: Any, cell: str, count: Optional[int] = None) -> Any:
     ``count`` is the cell's number, under which its source is registered for tracebacks."""
     __tracebackhide__ = True  # noqa: F841
     code = shell.transform_cell(cell)
-    tree = shell.compile.ast_parse(code)
+    # registered in linecache under a name of IPython's own, so tracebacks (and a syntax error)
+    # show the cell's lines
+    name = _cache_source(shell, code, cell, count)
+    try:
+        tree = shell.compile.ast_parse(code, filename=name)
+    except SyntaxError as e:
+        e._vramlab_cell = True  # type: ignore[attr-defined]
+        raise
     last: Optional[ast.Expression] = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    # registered in linecache under a name of IPython's own, so tracebacks show the cell's lines
-    name = _cache_source(shell, code, cell, count)
     exec(shell.compile(tree, name, "exec"), shell.user_ns)
     if last is not None:
         return eval(shell.compile(last, name, "eval"), shell.user_ns)
